@@ -1,0 +1,49 @@
+"""The root of every error ``elastic`` raises, and the tree below it.
+
+::
+
+    ElasticError                         — root: catch this to catch everything of ours
+    ├── ConfigError                      — bad user input (flag, file, scenario); one line
+    ├── StoreError                       — the store failed an operation
+    │   └── StoreClosedError             — the store was shut down
+    ├── rendezvous.RendezvousError       — (elastic.rendezvous.api) torch's names:
+    │   ├── RendezvousClosedError
+    │   ├── RendezvousTimeoutError
+    │   ├── RendezvousConnectionError
+    │   ├── RendezvousStateError
+    │   └── RendezvousGracefulExitError
+    ├── multiprocessing.errors.ChildFailedError
+    └── timer.TimerError
+
+Every class keeps all of its fields in ``args`` (simpy rebuilds an exception from its
+``args`` when it leaves a process), and every message says what to do.
+``TimeoutError`` (the builtin) is raised for timeouts on the ports, in both worlds.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError", "ElasticError", "StoreClosedError", "StoreError"]
+
+
+class ElasticError(Exception):
+    """Root of the errors raised by elastic."""
+
+
+class ConfigError(ElasticError):
+    """Bad input: ``where`` (file:line or --flag), ``value`` and what was ``expected``."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(where, message)
+        self.where = where
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+class StoreError(ElasticError):
+    """A store operation failed."""
+
+
+class StoreClosedError(StoreError):
+    """The store was closed; start a new one or stop using it."""

@@ -1,0 +1,136 @@
+"""One event schema for both worlds (DESIGN §4), plus torch's ``events`` API.
+
+Every agent, in the simulator or for real, emits :class:`AgentEvent` records to an
+:class:`EventSink`.  One record is one JSON line with the keys
+``t`` (seconds on the world's clock), ``node``, ``role``, ``rank`` (global rank or
+null), ``kind`` and ``fields`` (a flat JSON object).  The report (summary, goodput,
+recovery times) is computed from these lines alone.
+
+Kinds use torch's names where torch has one:
+
+* ``torchelastic.worker.status.<STATE>`` — per worker, STATE in START, SUCCEEDED,
+  FAILED, TERMINATED (fields: group_rank, local_rank, role_rank, world_size, exit_code,
+  worker_pid, attempt);
+* ``RENDEZVOUS`` / ``ASSIGN_WORKER_RANKS`` — agent, with ``duration_ms``, ``round``,
+  ``group_rank``, ``group_world_size``;
+* ``agent.*`` — our own agent lifecycle kinds (``agent.start``, ``agent.group_started``,
+  ``agent.group_stopped``, ``agent.restart``, ``agent.finish``, ``agent.membership_change``,
+  ``agent.unhealthy``);
+* ``sim.*`` — the simulator's own kinds (``sim.fault``, ``sim.progress``, …).
+
+torch's ``Event``/``EventSource``/``record`` API is kept for compatibility in
+:mod:`elastic.events.api`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any, Protocol
+
+from elastic.events.api import Event, EventSource, NodeState, RdzvEvent, record
+
+__all__ = [
+    "AgentEvent",
+    "Event",
+    "EventSink",
+    "EventSource",
+    "ListSink",
+    "NodeState",
+    "RdzvEvent",
+    "StreamSink",
+    "TeeSink",
+    "read_events",
+    "record",
+]
+
+JSONScalar = str | int | float | bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentEvent:
+    """One line of the event log."""
+
+    t: float
+    node: int | str
+    kind: str
+    role: str = ""
+    rank: int | None = None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """One JSON line; keys sorted so the same run gives the same bytes."""
+        return json.dumps(
+            {
+                "t": round(self.t, 6),
+                "node": self.node,
+                "role": self.role,
+                "rank": self.rank,
+                "kind": self.kind,
+                "fields": dict(self.fields),
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, line: str) -> AgentEvent:
+        d = json.loads(line)
+        return cls(
+            t=float(d["t"]),
+            node=d["node"],
+            kind=str(d["kind"]),
+            role=str(d.get("role", "")),
+            rank=d.get("rank"),
+            fields=dict(d.get("fields") or {}),
+        )
+
+
+class EventSink(Protocol):
+    """Where agents send their events."""
+
+    def emit(self, event: AgentEvent) -> None: ...
+
+
+class ListSink:
+    """Keeps events in memory (the simulator's log; tests)."""
+
+    def __init__(self) -> None:
+        self.events: list[AgentEvent] = []
+
+    def emit(self, event: AgentEvent) -> None:
+        self.events.append(event)
+
+    def __iter__(self) -> Iterator[AgentEvent]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+class StreamSink:
+    """Writes JSON lines to a text stream."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def emit(self, event: AgentEvent) -> None:
+        self._stream.write(event.to_json() + "\n")
+        self._stream.flush()
+
+
+class TeeSink:
+    """Sends each event to several sinks."""
+
+    def __init__(self, *sinks: EventSink) -> None:
+        self._sinks = sinks
+
+    def emit(self, event: AgentEvent) -> None:
+        for s in self._sinks:
+            s.emit(event)
+
+
+def read_events(lines: Iterable[str]) -> list[AgentEvent]:
+    """Parse a JSON-lines event log (blank lines ignored)."""
+    return [AgentEvent.from_json(ln) for ln in lines if ln.strip()]

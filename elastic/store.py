@@ -1,0 +1,101 @@
+"""The store port: the rendezvous key-value store, with waits, watches and leases.
+
+Theory of operation
+-------------------
+Keys are ``str``, values are ``bytes`` (data, never pickles — DESIGN §3).  Every
+mutation bumps a store-wide *revision* (as etcd does); a watch waits for the first
+mutation under a key prefix after a given revision, so a node learns of a membership
+change with one wake-up and no polling.
+
+Leases are how liveness is held: ``grant_lease(ttl)`` returns a :class:`Lease`; keys
+set with ``lease=`` vanish (a deletion, seen by watches) once the lease expires.  A
+lease is kept alive for as long as its owner lives; after the owner stops renewing
+(the process dies, the node crashes, or :meth:`Lease.abandon` is called) it expires
+``ttl`` seconds later, and not before.  Real network stores renew in the background;
+in-process and simulated stores need no renewal traffic at all.
+
+Guarantees (pinned by ``tests/test_port_contracts.py`` in both worlds):
+
+* ``get`` blocks until the key exists, else raises :class:`TimeoutError` after
+  ``timeout`` seconds (``None`` = wait forever);
+* ``add`` and ``compare_set`` are atomic with respect to every other operation;
+* ``compare_set(key, expected, desired)`` sets ``desired`` iff the current value equals
+  ``expected`` (``None`` = "the key is absent"), and returns the value after the
+  operation — torch's semantics;
+* ``multi_get`` waits for all keys; ``multi_set`` is applied as one revision;
+* leased keys vanish ``ttl`` after the owner stops renewing, not before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Lease", "Store"]
+
+
+@runtime_checkable
+class Lease(Protocol):
+    """A liveness token; keys attached to it vanish when it expires."""
+
+    id: int
+    ttl: float
+
+    def alive(self) -> bool:
+        """True while the lease has not expired or been revoked."""
+        ...
+
+    def abandon(self) -> None:
+        """Stop renewing, as a dead owner would: the lease expires ``ttl`` from now."""
+
+    async def revoke(self) -> None:
+        """Expire now (a graceful leave): its keys vanish at once."""
+
+
+class Store(Protocol):
+    """A key-value store shared by the agents of one job."""
+
+    async def set(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
+        """Set ``key``; with ``lease`` the key vanishes when the lease expires."""
+
+    async def get(self, key: str, timeout: float | None = None) -> bytes:
+        """The value of ``key``, waiting for it to be set; :class:`TimeoutError` after ``timeout``."""
+        ...
+
+    async def try_get(self, key: str) -> bytes | None:
+        """The value of ``key`` now, or ``None``."""
+        ...
+
+    async def add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to the integer at ``key`` (absent = 0); return the sum."""
+        ...
+
+    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+        """Set ``desired`` iff the value is ``expected``; return the value afterwards."""
+        ...
+
+    async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        """Return once every key exists; :class:`TimeoutError` after ``timeout``."""
+
+    async def delete(self, key: str) -> bool:
+        """Delete ``key``; True if it existed."""
+        ...
+
+    async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        """The values of ``keys`` in order, waiting for all of them."""
+        ...
+
+    async def multi_set(self, items: Mapping[str, bytes]) -> None:
+        """Set several keys as one revision."""
+
+    async def grant_lease(self, ttl: float) -> Lease:
+        """A new lease held by the caller, expiring ``ttl`` after its owner stops renewing."""
+        ...
+
+    async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
+        """(current revision, every key under ``prefix`` with its value)."""
+        ...
+
+    async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
+        """Wait for a mutation of a key under ``prefix`` with revision > ``after``; return it."""
+        ...
