@@ -1,0 +1,1 @@
+"""The elastic agent (torch's ``torch.distributed.elastic.agent``)."""

@@ -1,0 +1,1 @@
+"""Starting, watching and logging worker processes (torch's ``elastic.multiprocessing``)."""
