@@ -1,0 +1,328 @@
+"""An in-memory store implementing the Store port over any Clock.
+
+The same class serves both worlds: waits are one-shot events of the clock it is given,
+so in real mode it runs on asyncio (the single-node agent keeps its store in its own
+process) and in the simulator on simpy (``sim.store`` adds a store host with latency,
+outages and partitions in front of it).
+
+Invariants
+----------
+* Every mutation (set, add, compare_set that writes, delete, lease expiry) gets the
+  next revision; ``multi_set`` is one revision.  Revisions never decrease.
+* A waiter is woken exactly once, by the first mutation that can satisfy it; waiters
+  re-check their condition (a get woken by a set that a delete undid waits again).
+* Watches are indexed by prefix: a mutation costs O(distinct watched prefixes), not
+  O(watchers) — a 4,000-node rendezvous must stay O(N).
+* The mutation log keeps the last ``log_limit`` revisions; a watch older than the log
+  returns at once with the current revision (as etcd reports a compacted revision), and
+  the caller re-reads with :meth:`snapshot`.
+* Leased keys vanish when their lease expires: ``ttl`` after :meth:`_Lease.abandon`
+  (the owner stopped renewing), at once on :meth:`_Lease.revoke`.  Expiry is one timer
+  per abandoned lease, never a sweep.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from elastic.clock import Clock, OneShot
+from elastic.errors import StoreClosedError, StoreError
+from elastic.store import Lease
+
+__all__ = ["MemoryStore", "StoreStats"]
+
+MAX_VALUE_BYTES = 4 * 1024 * 1024
+
+
+class StoreStats:
+    """Counters a benchmark reads: operations and bytes written."""
+
+    __slots__ = ("bytes_written", "ops", "watch_wakeups")
+
+    def __init__(self) -> None:
+        self.ops = 0
+        self.bytes_written = 0
+        self.watch_wakeups = 0
+
+
+class _Lease(Lease):
+    __slots__ = ("_gen", "_keys", "_store", "expires_at", "id", "state", "ttl")
+
+    def __init__(self, store: MemoryStore, lease_id: int, ttl: float) -> None:
+        self._store = store
+        self.id = lease_id
+        self.ttl = ttl
+        self.state = "alive"  # alive | abandoned | expired
+        self.expires_at: float | None = None
+        self._keys: set[str] = set()
+        self._gen = 0
+
+    def alive(self) -> bool:
+        return self.state != "expired"
+
+    def abandon(self) -> None:
+        if self.state != "alive":
+            return
+        self.state = "abandoned"
+        self._gen += 1
+        self.expires_at = self._store._clock.now() + self.ttl
+        self._store._clock.spawn(self._expire_later(self._gen), name=f"lease-{self.id}-expiry")
+
+    def resume(self) -> None:
+        """The owner's renewals reach the store again (a healed partition)."""
+        if self.state == "abandoned":
+            self.state = "alive"
+            self.expires_at = None
+            self._gen += 1
+
+    async def _expire_later(self, gen: int) -> None:
+        await self._store._clock.sleep(self.ttl)
+        if self._gen == gen and self.state == "abandoned":
+            self._store._expire(self)
+
+    async def revoke(self) -> None:
+        if self.state != "expired":
+            self._store._expire(self)
+
+
+class MemoryStore:
+    """The Store port, in memory, on the given clock."""
+
+    def __init__(self, clock: Clock, *, log_limit: int = 100_000) -> None:
+        self._clock = clock
+        self._data: dict[str, bytes] = {}
+        self._lease_of: dict[str, _Lease] = {}
+        self._revision = 0
+        self._log_revs: list[int] = []
+        self._log_keys: list[str] = []
+        self._log_limit = log_limit
+        self._key_waiters: dict[str, list[OneShot]] = {}
+        self._watchers: dict[str, list[OneShot]] = {}
+        self._next_lease = 1
+        self._closed = False
+        self.stats = StoreStats()
+
+    # -- internals ---------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the store is closed; create a new one")
+
+    def _mutated(self, keys: Sequence[str]) -> None:
+        self._revision += 1
+        rev = self._revision
+        for k in keys:
+            self._log_revs.append(rev)
+            self._log_keys.append(k)
+        if len(self._log_revs) > self._log_limit:
+            cut = len(self._log_revs) - self._log_limit
+            del self._log_revs[:cut]
+            del self._log_keys[:cut]
+        for k in keys:
+            waiters = self._key_waiters.pop(k, None)
+            if waiters:
+                for w in waiters:
+                    w.set(rev)
+        if self._watchers:
+            for prefix in [p for p in self._watchers if any(k.startswith(p) for k in keys)]:
+                for w in self._watchers.pop(prefix):
+                    self.stats.watch_wakeups += 1
+                    w.set(rev)
+
+    def _put(self, key: str, value: bytes, lease: _Lease | None) -> None:
+        if not isinstance(value, bytes | bytearray):
+            raise TypeError(f"store values are bytes, got {type(value).__name__} for {key!r}")
+        if len(value) > MAX_VALUE_BYTES:
+            raise StoreError(f"value for {key!r} is {len(value)} bytes; the limit is {MAX_VALUE_BYTES}")
+        self._data[key] = bytes(value)
+        self.stats.bytes_written += len(key) + len(value)
+        old = self._lease_of.pop(key, None)
+        if old is not None:
+            old._keys.discard(key)
+        if lease is not None:
+            if not lease.alive():
+                raise StoreError(f"lease {lease.id} has expired; cannot attach {key!r} to it")
+            self._lease_of[key] = lease
+            lease._keys.add(key)
+
+    def _expire(self, lease: _Lease) -> None:
+        lease.state = "expired"
+        keys = sorted(lease._keys)
+        lease._keys.clear()
+        for k in keys:
+            self._data.pop(k, None)
+            self._lease_of.pop(k, None)
+        if keys:
+            self._mutated(keys)
+
+    async def _wait_key(self, key: str, timeout: float | None) -> None:
+        """Wait until ``key`` exists."""
+        if key in self._data:
+            return
+        if timeout is None:
+            while key not in self._data:
+                self._check_open()
+                ev = self._clock.event()
+                self._key_waiters.setdefault(key, []).append(ev)
+                await ev.wait()
+            return
+        deadline = self._clock.now() + timeout
+        while key not in self._data:
+            self._check_open()
+            remaining = deadline - self._clock.now()
+            if remaining <= 0:
+                raise TimeoutError(f"key {key!r} was not set within {timeout:g}s")
+            ev = self._clock.event()
+            self._key_waiters.setdefault(key, []).append(ev)
+            try:
+                await self._clock.timeout(remaining, ev.wait())
+            except TimeoutError:
+                raise TimeoutError(f"key {key!r} was not set within {timeout:g}s") from None
+
+    # -- the port ------------------------------------------------------------------
+    async def set(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
+        self._check_open()
+        self.stats.ops += 1
+        self._put(key, value, self._own(lease))
+        self._mutated((key,))
+
+    def _own(self, lease: Lease | None) -> _Lease | None:
+        if lease is None:
+            return None
+        if not isinstance(lease, _Lease) or lease._store is not self:
+            raise StoreError("that lease was granted by another store")
+        return lease
+
+    async def get(self, key: str, timeout: float | None = None) -> bytes:
+        self._check_open()
+        self.stats.ops += 1
+        await self._wait_key(key, timeout)
+        return self._data[key]
+
+    async def try_get(self, key: str) -> bytes | None:
+        self._check_open()
+        self.stats.ops += 1
+        return self._data.get(key)
+
+    async def add(self, key: str, amount: int) -> int:
+        self._check_open()
+        self.stats.ops += 1
+        cur = self._data.get(key)
+        try:
+            base = int(cur) if cur is not None else 0
+        except ValueError:
+            raise StoreError(f"add({key!r}): the value {cur[:40]!r} is not an integer") from None
+        new = base + amount
+        self._put(key, str(new).encode(), None)
+        self._mutated((key,))
+        return new
+
+    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+        self._check_open()
+        self.stats.ops += 1
+        cur = self._data.get(key)
+        if cur == expected:
+            self._put(key, desired, None)
+            self._mutated((key,))
+            return bytes(desired)
+        return cur if cur is not None else b""
+
+    async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        self._check_open()
+        self.stats.ops += 1
+        if timeout is None:
+            for k in keys:
+                await self._wait_key(k, None)
+            return
+        deadline = self._clock.now() + timeout
+        for k in keys:
+            try:
+                await self._wait_key(k, max(0.0, deadline - self._clock.now()))
+            except TimeoutError:
+                missing = [x for x in keys if x not in self._data]
+                raise TimeoutError(
+                    f"keys {missing[:5]!r}{'…' if len(missing) > 5 else ''} "
+                    f"were not set within {timeout:g}s"
+                ) from None
+
+    async def delete(self, key: str) -> bool:
+        self._check_open()
+        self.stats.ops += 1
+        if key not in self._data:
+            return False
+        del self._data[key]
+        old = self._lease_of.pop(key, None)
+        if old is not None:
+            old._keys.discard(key)
+        self._mutated((key,))
+        return True
+
+    async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        await self.wait(keys, timeout)
+        return [self._data[k] for k in keys]
+
+    async def multi_set(self, items: Mapping[str, bytes]) -> None:
+        self._check_open()
+        self.stats.ops += 1
+        for k, v in items.items():
+            self._put(k, v, None)
+        self._mutated(list(items))
+
+    async def grant_lease(self, ttl: float) -> Lease:
+        self._check_open()
+        if ttl <= 0:
+            raise StoreError(f"lease ttl must be positive, got {ttl!r}")
+        self.stats.ops += 1
+        lease = _Lease(self, self._next_lease, ttl)
+        self._next_lease += 1
+        return lease
+
+    async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
+        self._check_open()
+        self.stats.ops += 1
+        return self._revision, {k: v for k, v in self._data.items() if k.startswith(prefix)}
+
+    def _changed_since(self, prefix: str, after: int) -> int | None:
+        if after >= self._revision:
+            return None
+        if not self._log_revs or after + 1 < self._log_revs[0]:
+            return self._revision  # compacted: tell the caller to re-read
+        i = bisect.bisect_right(self._log_revs, after)
+        for j in range(i, len(self._log_revs)):
+            if self._log_keys[j].startswith(prefix):
+                return self._log_revs[j]
+        return None
+
+    async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
+        self._check_open()
+        self.stats.ops += 1
+        rev = self._changed_since(prefix, after)
+        if rev is not None:
+            return rev
+        ev = self._clock.event()
+        self._watchers.setdefault(prefix, []).append(ev)
+        if timeout is None:
+            value: Any = await ev.wait()
+        else:
+            value = await self._clock.timeout(timeout, ev.wait())
+        if value is None:
+            self._check_open()
+        return int(value)
+
+    # -- lifecycle -------------------------------------------------------------------
+    @property
+    def revision(self) -> int:
+        return self._revision
+
+    def keys(self) -> list[str]:
+        return sorted(self._data)
+
+    def close(self) -> None:
+        """Close the store: every waiter wakes and gets :class:`StoreClosedError`."""
+        self._closed = True
+        for ws in list(self._key_waiters.values()) + list(self._watchers.values()):
+            for w in ws:
+                w.set(None)
+        self._key_waiters.clear()
+        self._watchers.clear()
