@@ -134,7 +134,9 @@ class MemoryStore:
         if not isinstance(value, bytes | bytearray):
             raise TypeError(f"store values are bytes, got {type(value).__name__} for {key!r}")
         if len(value) > MAX_VALUE_BYTES:
-            raise StoreError(f"value for {key!r} is {len(value)} bytes; the limit is {MAX_VALUE_BYTES}")
+            raise StoreError(
+                f"value for {key!r} is {len(value)} bytes; the limit is {MAX_VALUE_BYTES}"
+            )
         self._data[key] = bytes(value)
         self.stats.bytes_written += len(key) + len(value)
         old = self._lease_of.pop(key, None)
@@ -212,7 +214,8 @@ class MemoryStore:
         try:
             base = int(cur) if cur is not None else 0
         except ValueError:
-            raise StoreError(f"add({key!r}): the value {cur[:40]!r} is not an integer") from None
+            shown = (cur or b"")[:40]
+            raise StoreError(f"add({key!r}): the value {shown!r} is not an integer") from None
         new = base + amount
         self._put(key, str(new).encode(), None)
         self._mutated((key,))

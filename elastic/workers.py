@@ -33,6 +33,7 @@ class WorkerLaunch:
     entrypoint: str | Callable[..., Any]
     args: Sequence[Any] = ()
     attempt: int = 0
+    round: int = 0  # the rendezvous round whose world this worker joins
 
 
 class ExitCause(enum.Enum):

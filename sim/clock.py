@@ -73,7 +73,7 @@ class _SimTask(Task[T], Generic[T]):
         self._outcome = _Outcome.RUNNING
         self._result: T | None = None
         self._exc: BaseException | None = None
-        self._proc = Process(clock.env, self._drive(coro))
+        self._proc = Process(clock.env, self._drive(coro))  # type: ignore[arg-type]
 
     async def _drive(self, coro: Coroutine[Any, Any, T]) -> None:
         try:

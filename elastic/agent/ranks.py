@@ -1,0 +1,118 @@
+"""Rank assignment, as torch ≥ 2.4 does it: a pure function and its store exchange.
+
+Rules (pinned by ``tests/test_ranks.py``):
+
+* global ranks are contiguous blocks in group-rank order: agent ``g`` gets
+  ``[sum(lws of agents < g), … + lws_g)``;
+* role ranks are contiguous blocks, in group-rank order, among agents of the same role;
+* world size is the sum of every agent's local world size; a role's world size is the
+  sum over the agents of that role;
+* within an agent, ranks ascend with the local rank.
+
+The exchange: every agent publishes ``{"role", "rank", "local_world_size"}`` (JSON) at
+``torchelastic/role_info/<group_rank>``; group rank 0 reads them all, computes every
+assignment with :func:`assign_ranks`, and publishes ``[base_global, world, base_role,
+role_world]`` at ``torchelastic/assigned_ranks/<i>`` in one ``multi_set``; each agent
+reads its own.  O(1) store operations per agent, O(n) on rank 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from elastic.store import Store
+
+__all__ = ["AgentAssignment", "RoleInfo", "assign_ranks", "exchange_ranks"]
+
+ROLE_INFO_PREFIX = "torchelastic/role_info/"
+ASSIGNED_PREFIX = "torchelastic/assigned_ranks/"
+
+
+@dataclass(frozen=True, slots=True)
+class RoleInfo:
+    """What one agent publishes: its role, group rank and local world size."""
+
+    role: str
+    rank: int
+    local_world_size: int
+
+    def serialize(self) -> bytes:
+        return json.dumps(
+            {"role": self.role, "rank": self.rank, "local_world_size": self.local_world_size}
+        ).encode()
+
+    @staticmethod
+    def deserialize(data: bytes) -> RoleInfo:
+        d = json.loads(data)
+        return RoleInfo(str(d["role"]), int(d["rank"]), int(d["local_world_size"]))
+
+
+@dataclass(frozen=True, slots=True)
+class AgentAssignment:
+    """One agent's block: first global rank, world size, first role rank, role world size."""
+
+    base_global_rank: int
+    world_size: int
+    base_role_rank: int
+    role_world_size: int
+
+    def global_ranks(self, local_world_size: int) -> range:
+        return range(self.base_global_rank, self.base_global_rank + local_world_size)
+
+    def role_ranks(self, local_world_size: int) -> range:
+        return range(self.base_role_rank, self.base_role_rank + local_world_size)
+
+
+def assign_ranks(agents: Sequence[RoleInfo]) -> list[AgentAssignment]:
+    """Every agent's assignment, indexed by group rank (``agents`` in any order)."""
+    by_rank = sorted(agents, key=lambda a: a.rank)
+    if [a.rank for a in by_rank] != list(range(len(by_rank))):
+        raise ValueError(
+            f"group ranks must be exactly 0..{len(by_rank) - 1}, got {[a.rank for a in by_rank]}"
+        )
+    for a in by_rank:
+        if a.local_world_size <= 0:
+            raise ValueError(
+                f"agent {a.rank}: local_world_size must be > 0, got {a.local_world_size}"
+            )
+    role_sizes: dict[str, int] = {}
+    for a in by_rank:
+        role_sizes[a.role] = role_sizes.get(a.role, 0) + a.local_world_size
+    world = sum(role_sizes.values())
+    base_global = 0
+    role_base: dict[str, int] = dict.fromkeys(role_sizes, 0)
+    out: list[AgentAssignment] = []
+    for a in by_rank:
+        out.append(AgentAssignment(base_global, world, role_base[a.role], role_sizes[a.role]))
+        base_global += a.local_world_size
+        role_base[a.role] += a.local_world_size
+    return out
+
+
+async def exchange_ranks(
+    store: Store,
+    group_rank: int,
+    group_world_size: int,
+    role: str,
+    local_world_size: int,
+    timeout: float | None = None,
+) -> AgentAssignment:
+    """Run the exchange from one agent's side; return that agent's assignment."""
+    me = RoleInfo(role, group_rank, local_world_size)
+    await store.set(f"{ROLE_INFO_PREFIX}{group_rank}", me.serialize())
+    if group_rank == 0:
+        keys = [f"{ROLE_INFO_PREFIX}{i}" for i in range(group_world_size)]
+        infos = [RoleInfo.deserialize(b) for b in await store.multi_get(keys, timeout)]
+        assignments = assign_ranks(infos)
+        await store.multi_set(
+            {
+                f"{ASSIGNED_PREFIX}{i}": json.dumps(
+                    [a.base_global_rank, a.world_size, a.base_role_rank, a.role_world_size]
+                ).encode()
+                for i, a in enumerate(assignments)
+            }
+        )
+    raw = json.loads(await store.get(f"{ASSIGNED_PREFIX}{group_rank}", timeout))
+    return AgentAssignment(int(raw[0]), int(raw[1]), int(raw[2]), int(raw[3]))

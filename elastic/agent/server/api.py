@@ -1,0 +1,681 @@
+"""The agent API of torch (``WorkerSpec``, ``WorkerState``, ``Worker``, ``WorkerGroup``,
+``RunResult``, ``ElasticAgent``, ``SimpleElasticAgent``) and the agent loop, written
+once against the ports.
+
+Theory of operation
+-------------------
+``SimpleElasticAgent.run_async()`` is torch's ``_invoke_run`` made event-driven:
+
+1. rendezvous (``spec.rdzv_handler.next_rendezvous_async``) → assign ranks through the
+   round's store (:func:`elastic.agent.ranks.exchange_ranks`) → start workers through
+   the workers port;
+2. wait for the **first** of: the group's outcome (a worker exit decides it — any
+   failure → FAILED, all exits 0 → SUCCEEDED), a membership change
+   (``rdzv_handler.watch_async()``), or a health verdict (each configured
+   :class:`HealthWatch`).  Nothing is sampled: each is a task that wakes on its own
+   event;
+3. SUCCEEDED → exit barrier (``exit_barrier_timeout``, default 300 s) and finish;
+   FAILED/UNHEALTHY → restart the group if restarts remain (spending one), else stop
+   the workers and finish FAILED; membership change → restart **without** spending.
+
+Invariants (checked over event logs by ``sim.checks``): a node's old group is stopped
+before its new one starts; ``remaining_restarts`` never goes below zero; every run
+ends with exactly one ``agent.finish`` event.
+
+The same code runs in the simulator (simulated ports) and for real (``run()`` wraps
+``run_async()`` in an event loop through the ``sync_runner``).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import warnings
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from elastic.agent.ranks import exchange_ranks
+from elastic.clock import Cancelled, Clock, Task
+from elastic.errors import ElasticError
+from elastic.events import AgentEvent, EventSink, ListSink
+from elastic.metrics import put_metric
+from elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousGracefulExitError,
+    RendezvousHandler,
+    RendezvousInfo,
+)
+from elastic.store import Store
+from elastic.workers import RunningGroup, WorkerExit, WorkerLaunch, WorkersPort
+
+__all__ = [
+    "DEFAULT_ROLE",
+    "ElasticAgent",
+    "HealthWatch",
+    "RunResult",
+    "SimpleElasticAgent",
+    "Worker",
+    "WorkerGroup",
+    "WorkerSpec",
+    "WorkerStartRefused",
+    "WorkerState",
+]
+
+DEFAULT_ROLE = "default"
+_TERMINAL_STATE_SYNC_ID = "torchelastic/agent/terminal_state"
+
+
+@dataclass
+class WorkerSpec:
+    """Blueprint information about a particular type of worker (torch's fields and defaults)."""
+
+    role: str
+    local_world_size: int
+    rdzv_handler: RendezvousHandler
+    fn: Callable[..., Any] | None = None
+    entrypoint: Callable[..., Any] | str | None = None
+    args: tuple[Any, ...] = ()
+    max_restarts: int = 3
+    monitor_interval: float = 0.1
+    master_port: int | None = None
+    master_addr: str | None = None
+    local_addr: str | None = None
+    event_log_handler: str = "null"
+    numa_options: Any = None
+    duplicate_stdout_filters: list[str] | None = None
+    duplicate_stderr_filters: list[str] | None = None
+    virtual_local_rank: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.local_world_size > 0
+        assert self.monitor_interval > 0
+        if self.fn:
+            warnings.warn(
+                "WorkerSpec.fn will be deprecated, please use WorkerSpec.entrypoint instead",
+                category=DeprecationWarning,
+                stacklevel=2,
+            )
+            self.entrypoint = self.fn
+        assert self.entrypoint
+
+    def get_entrypoint_name(self) -> str:
+        """The name of the entrypoint: the basename of a command, else ``__qualname__``."""
+        if isinstance(self.entrypoint, str):
+            return self.entrypoint.rsplit("/", 1)[-1]
+        assert self.entrypoint is not None
+        return str(self.entrypoint.__qualname__)
+
+
+class Worker:
+    """A worker instance; ranks are not stable across re-rendezvous."""
+
+    __slots__ = ["global_rank", "id", "local_rank", "role_rank", "role_world_size", "world_size"]
+
+    def __init__(
+        self,
+        local_rank: int,
+        global_rank: int = -1,
+        role_rank: int = -1,
+        world_size: int = -1,
+        role_world_size: int = -1,
+    ) -> None:
+        self.id: Any = None
+        self.local_rank = local_rank
+        self.global_rank = global_rank
+        self.role_rank = role_rank
+        self.world_size = world_size
+        self.role_world_size = role_world_size
+
+    def __str__(self) -> str:
+        return (
+            f"local_rank={self.local_rank},global_rank={self.global_rank}"
+            f",role_rank={self.role_rank},world_size={self.world_size}"
+            f",role_world_size={self.role_world_size}"
+        )
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+class WorkerState(str, enum.Enum):
+    """State of the WorkerGroup (torch's values)."""
+
+    UNKNOWN = "UNKNOWN"
+    INIT = "INIT"
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+    @staticmethod
+    def is_running(state: WorkerState) -> bool:
+        """True if the workers are still running (HEALTHY or UNHEALTHY)."""
+        return state in {WorkerState.HEALTHY, WorkerState.UNHEALTHY}
+
+
+class WorkerGroup:
+    """A set of Worker instances managed by the agent, with its rendezvous facts."""
+
+    __slots__ = [
+        "group_rank",
+        "group_world_size",
+        "master_addr",
+        "master_port",
+        "spec",
+        "state",
+        "store",
+        "workers",
+    ]
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.workers = [Worker(local_rank=i) for i in range(self.spec.local_world_size)]
+        self.store: Store | None = None
+        self.group_rank: int | None = None
+        self.group_world_size: int | None = None
+        self.master_addr: str | None = None
+        self.master_port: int | None = None
+        self.state = WorkerState.INIT
+
+
+@dataclass
+class RunResult:
+    """Return values/failures of the workers, by global rank (torch's semantics)."""
+
+    state: WorkerState
+    return_values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, Any] = field(default_factory=dict)
+
+    def is_failed(self) -> bool:
+        return self.state == WorkerState.FAILED
+
+
+class ElasticAgent(abc.ABC):
+    """An agent process responsible for managing one or more worker processes."""
+
+    @abc.abstractmethod
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult | None:
+        """Run the agent; return the result of the run."""
+
+    @abc.abstractmethod
+    def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
+        """The WorkerGroup for ``role``."""
+
+
+class HealthWatch(Protocol):
+    """Something that can declare the running group unhealthy (NVML, hangs, …)."""
+
+    async def wait_unhealthy(self, group: WorkerGroup) -> str:
+        """Return a reason once the group is unhealthy; never returns while it is healthy."""
+        ...
+
+
+PreStartCheck = Callable[[], Awaitable[str | None]]
+EnvHook = Callable[[WorkerGroup, Worker, dict[str, str]], None]
+
+
+class _Outcome(enum.Enum):
+    GROUP = 0
+    MEMBERSHIP = 1
+    HEALTH = 2
+
+
+class SimpleElasticAgent(ElasticAgent):
+    """The elastic agent, event-driven, over the clock, store and workers ports."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        exit_barrier_timeout: float = 300,
+        shutdown_timeout: float = 30,
+        *,
+        clock: Clock | None = None,
+        workers: WorkersPort | None = None,
+        events: EventSink | None = None,
+        node: int | str = "",
+        health_watches: list[HealthWatch] | None = None,
+        pre_start_checks: list[PreStartCheck] | None = None,
+        env_hooks: list[EnvHook] | None = None,
+        rank_exchange_timeout: float = 600,
+    ) -> None:
+        self._worker_group = WorkerGroup(spec)
+        self._remaining_restarts = spec.max_restarts
+        self._store: Store | None = None
+        self._exit_barrier_timeout = exit_barrier_timeout
+        self._shutdown_timeout = shutdown_timeout
+        self._total_execution_time = 0
+        self._in_exit_barrier = False
+        self._clock = clock
+        self._workers_port = workers
+        self._events: EventSink = events if events is not None else ListSink()
+        self._node = node
+        self._health_watches = list(health_watches or [])
+        self._pre_start_checks = list(pre_start_checks or [])
+        self._env_hooks = list(env_hooks or [])
+        self._rank_exchange_timeout = rank_exchange_timeout
+        self._group: RunningGroup | None = None
+        self._attempt = 0
+        self._rounds = 0
+        self._round = 0
+        self._death_sig = 15
+        self.last_event_time: float = 0.0
+
+    # -- properties the launcher and health server read -------------------------------
+    @property
+    def remaining_restarts(self) -> int:
+        return self._remaining_restarts
+
+    @property
+    def restart_count(self) -> int:
+        return self._worker_group.spec.max_restarts - self._remaining_restarts
+
+    def get_worker_group(self, role: str = DEFAULT_ROLE) -> WorkerGroup:
+        return self._worker_group
+
+    def running_pids(self) -> dict[int, int]:
+        """local rank → pid of the running group (empty when none)."""
+        return self._group.pids() if self._group is not None else {}
+
+    def set_death_signal(self, sig: int) -> None:
+        """The signal the workers get when the agent is told to stop (SIGTERM by default)."""
+        self._death_sig = sig
+
+    # -- ports ------------------------------------------------------------------------
+    @property
+    def clock(self) -> Clock:
+        if self._clock is None:
+            raise RuntimeError("this agent has no clock: pass clock= (run() supplies one)")
+        return self._clock
+
+    @property
+    def workers_port(self) -> WorkersPort:
+        if self._workers_port is None:
+            raise RuntimeError("this agent has no workers port: pass workers=")
+        return self._workers_port
+
+    def _emit(self, kind: str, rank: int | None = None, **fields: Any) -> None:
+        now = self.clock.now()
+        self.last_event_time = now
+        self._events.emit(
+            AgentEvent(
+                t=now,
+                node=self._node,
+                kind=kind,
+                role=self._worker_group.spec.role,
+                rank=rank,
+                fields=fields,
+            )
+        )
+
+    # -- the synchronous API (real mode) ------------------------------------------------
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult | None:
+        """Run the agent to the end on a fresh event loop (real mode)."""
+        from elastic.real.clock import AsyncioClock, run_sync
+
+        async def main() -> RunResult | None:
+            if self._clock is None:
+                self._clock = AsyncioClock()
+            return await self.run_async(role)
+
+        result: RunResult | None = run_sync(main())
+        return result
+
+    # -- the agent loop ---------------------------------------------------------------------
+    async def run_async(self, role: str = DEFAULT_ROLE) -> RunResult | None:
+        """Run the agent; ``None`` when this node exits gracefully from the rendezvous."""
+        start = self.clock.now()
+        spec = self._worker_group.spec
+        self._emit("agent.start", max_restarts=spec.max_restarts)
+        result: RunResult | None = None
+        try:
+            result = await self._invoke_run(role)
+            return result
+        except RendezvousGracefulExitError:
+            self._emit("agent.graceful_exit")
+            return None
+        except WorkerStartRefused as e:
+            self._worker_group.state = WorkerState.FAILED
+            result = RunResult(state=WorkerState.FAILED, failures={-1: str(e)})
+            return result
+        except RendezvousClosedError:
+            # another node ended the job while this one was between groups
+            self._emit("agent.rendezvous_closed")
+            self._worker_group.state = WorkerState.FAILED
+            result = RunResult(state=WorkerState.FAILED)
+            return result
+        finally:
+            await self._stop_group("shutdown")
+            self._total_execution_time = int(self.clock.now() - start)
+            if result is not None:
+                self._record_metrics(result)
+            self._emit(
+                "agent.finish",
+                state=result.state.value if result is not None else "EXITED",
+                restarts=self.restart_count,
+                rounds=self._rounds,
+            )
+
+    async def _invoke_run(self, role: str) -> RunResult:
+        wg = self._worker_group
+        await self._initialize_workers(wg)
+        while True:
+            assert wg.state != WorkerState.INIT, "the worker group is still INIT"
+            assert self._group is not None
+            outcome, value = await self._wait_first(wg, self._group)
+            put_metric(f"workers.{role}.remaining_restarts", self._remaining_restarts)
+            if outcome is _Outcome.GROUP:
+                run_result: RunResult = value
+                wg.state = run_result.state
+                put_metric(f"workers.{role}.{run_result.state.name.lower()}", 1)
+                if run_result.state == WorkerState.SUCCEEDED:
+                    self._emit_worker_finals(run_result)
+                    self._group = None
+                    await self._exit_barrier()
+                    return run_result
+                self._emit_worker_finals(run_result)
+                if self._remaining_restarts > 0:
+                    self._remaining_restarts -= 1
+                    await self._restart_workers(wg, "failure")
+                    continue
+                await self._stop_group("restarts_exhausted")
+                wg.state = WorkerState.FAILED
+                return run_result
+            if outcome is _Outcome.HEALTH:
+                reason = str(value)
+                wg.state = WorkerState.UNHEALTHY
+                put_metric(f"workers.{role}.unhealthy", 1)
+                self._emit("agent.unhealthy", reason=reason)
+                if self._remaining_restarts > 0:
+                    self._remaining_restarts -= 1
+                    await self._restart_workers(wg, "unhealthy", detail=reason)
+                    continue
+                await self._stop_group("restarts_exhausted")
+                wg.state = WorkerState.FAILED
+                return RunResult(state=WorkerState.UNHEALTHY)
+            # membership change: restart without spending the budget
+            reason = str(value)
+            if reason == "closed":
+                await self._stop_group("rendezvous_closed")
+                self._emit("agent.rendezvous_closed")
+                wg.state = WorkerState.FAILED
+                return RunResult(state=WorkerState.FAILED)
+            self._emit("agent.membership_change", reason=reason)
+            await self._restart_workers(wg, "membership", detail=reason)
+
+    async def _wait_first(self, wg: WorkerGroup, group: RunningGroup) -> tuple[_Outcome, Any]:
+        """Wait, event-driven, for the group outcome, a membership change or a health verdict."""
+        clock = self.clock
+        tasks: list[Task[Any]] = [
+            clock.spawn(self._group_outcome(wg, group), name="group-outcome"),
+            clock.spawn(wg.spec.rdzv_handler.watch_async(), name="membership-watch"),
+        ]
+        tasks += [
+            clock.spawn(h.wait_unhealthy(wg), name=f"health-{i}")
+            for i, h in enumerate(self._health_watches)
+        ]
+        try:
+            idx, value = await clock.first(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+        return (
+            _Outcome.GROUP if idx == 0 else _Outcome.MEMBERSHIP if idx == 1 else _Outcome.HEALTH
+        ), value
+
+    async def _group_outcome(self, wg: WorkerGroup, group: RunningGroup) -> RunResult:
+        exits: dict[int, WorkerExit] = {}
+        by_local = {w.local_rank: w for w in wg.workers}
+        while True:
+            ex = await group.next_exit()
+            exits[ex.local_rank] = ex
+            if ex.failed:
+                w = by_local[ex.local_rank]
+                self._emit(
+                    "torchelastic.worker.status.FAILED",
+                    rank=w.global_rank,
+                    local_rank=ex.local_rank,
+                    exit_code=ex.exit_code,
+                    cause=ex.cause.value,
+                    worker_pid=ex.pid,
+                    attempt=self._attempt,
+                )
+                return RunResult(
+                    state=WorkerState.FAILED, failures={w.global_rank: self._failure(ex)}
+                )
+            if len(exits) == len(wg.workers):
+                return RunResult(
+                    state=WorkerState.SUCCEEDED,
+                    return_values={
+                        by_local[lr].global_rank: e.return_value for lr, e in exits.items()
+                    },
+                )
+
+    def _failure(self, ex: WorkerExit) -> Any:
+        """The failure record kept in ``RunResult.failures`` (a ProcessFailure in real mode)."""
+        return ex
+
+    def _emit_worker_finals(self, result: RunResult) -> None:
+        if result.state == WorkerState.SUCCEEDED:
+            for w in self._worker_group.workers:
+                self._emit(
+                    "torchelastic.worker.status.SUCCEEDED",
+                    rank=w.global_rank,
+                    local_rank=w.local_rank,
+                    attempt=self._attempt,
+                )
+
+    # -- rendezvous, ranks, start, stop ----------------------------------------------------
+    async def _initialize_workers(self, wg: WorkerGroup) -> None:
+        while True:
+            await self._rendezvous(wg)
+            refusal = await self._pre_start_refusal()
+            if refusal is not None:
+                self._emit("agent.refused_start", reason=refusal)
+                raise WorkerStartRefused(refusal)
+            await self._start_workers(wg)
+            return
+
+    async def _pre_start_refusal(self) -> str | None:
+        for check in self._pre_start_checks:
+            verdict = await check()
+            if verdict is not None:
+                return verdict
+        return None
+
+    async def _rendezvous(self, wg: WorkerGroup) -> None:
+        spec = wg.spec
+        clock = self.clock
+        while True:
+            t0 = clock.now()
+            info: RendezvousInfo = await spec.rdzv_handler.next_rendezvous_async()
+            self._rounds += 1
+            self._round = info.round
+            self._emit(
+                "RENDEZVOUS",
+                duration_ms=round((clock.now() - t0) * 1000, 3),
+                round=info.round,
+                group_rank=info.rank,
+                group_world_size=info.world_size,
+            )
+            t1 = clock.now()
+            try:
+                assignment = await exchange_ranks(
+                    info.store,
+                    info.rank,
+                    info.world_size,
+                    spec.role,
+                    spec.local_world_size,
+                    timeout=self._rank_exchange_timeout,
+                )
+            except TimeoutError:
+                # a peer of this round vanished before the exchange finished: next round
+                self._emit("agent.membership_change", reason="rank_exchange_timeout")
+                continue
+            break
+        wg.store = info.store
+        self._store = info.store
+        wg.group_rank = info.rank
+        wg.group_world_size = info.world_size
+        wg.master_addr = spec.master_addr or info.bootstrap_store_info.master_addr
+        wg.master_port = spec.master_port or info.bootstrap_store_info.master_port
+        lws = spec.local_world_size
+        wg.workers = [
+            Worker(
+                local_rank=r,
+                global_rank=assignment.base_global_rank + r,
+                role_rank=assignment.base_role_rank + r,
+                world_size=assignment.world_size,
+                role_world_size=assignment.role_world_size,
+            )
+            for r in range(lws)
+        ]
+        self._emit(
+            "ASSIGN_WORKER_RANKS",
+            duration_ms=round((clock.now() - t1) * 1000, 3),
+            group_rank=info.rank,
+            world_size=assignment.world_size,
+            base_global_rank=assignment.base_global_rank,
+        )
+
+    def worker_env(self, wg: WorkerGroup, worker: Worker) -> dict[str, str]:
+        """The environment of one worker, exactly torch's variables (without inherited ones)."""
+        spec = wg.spec
+        env = {
+            "LOCAL_RANK": "0" if spec.virtual_local_rank else str(worker.local_rank),
+            "RANK": str(worker.global_rank),
+            "GROUP_RANK": str(wg.group_rank),
+            "ROLE_RANK": str(worker.role_rank),
+            "ROLE_NAME": spec.role,
+            "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+            "WORLD_SIZE": str(worker.world_size),
+            "GROUP_WORLD_SIZE": str(wg.group_world_size),
+            "ROLE_WORLD_SIZE": str(worker.role_world_size),
+            "MASTER_ADDR": str(wg.master_addr),
+            "MASTER_PORT": str(wg.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+            "TORCHELASTIC_RUN_ID": spec.rdzv_handler.get_run_id(),
+            "TORCHELASTIC_USE_AGENT_STORE": str(spec.rdzv_handler.use_agent_store),
+        }
+        for hook in self._env_hooks:
+            hook(wg, worker, env)
+        return env
+
+    async def _start_workers(self, wg: WorkerGroup) -> None:
+        spec = wg.spec
+        launches = [
+            WorkerLaunch(
+                local_rank=w.local_rank,
+                global_rank=w.global_rank,
+                env=self.worker_env(wg, w),
+                entrypoint=spec.entrypoint,  # type: ignore[arg-type]
+                args=tuple(
+                    str(a).replace("${local_rank}", str(w.local_rank)) if isinstance(a, str) else a
+                    for a in spec.args
+                ),
+                attempt=self._attempt,
+                round=self._round,
+            )
+            for w in wg.workers
+        ]
+        self._group = await self.workers_port.start(launches)
+        pids = self._group.pids()
+        for w in wg.workers:
+            w.id = pids.get(w.local_rank)
+            self._emit(
+                "torchelastic.worker.status.START",
+                rank=w.global_rank,
+                local_rank=w.local_rank,
+                role_rank=w.role_rank,
+                world_size=w.world_size,
+                group_rank=wg.group_rank,
+                worker_pid=w.id,
+                attempt=self._attempt,
+            )
+        wg.state = WorkerState.HEALTHY
+        self._emit(
+            "agent.group_started",
+            attempt=self._attempt,
+            group_rank=wg.group_rank,
+            group_world_size=wg.group_world_size,
+            world_size=wg.workers[0].world_size if wg.workers else 0,
+            ranks=[w.global_rank for w in wg.workers],
+            restart_count=self.restart_count,
+        )
+
+    async def _stop_group(self, reason: str) -> None:
+        group = self._group
+        if group is None:
+            return
+        self._group = None
+        try:
+            exits = await group.stop(self._shutdown_timeout, self._death_sig)
+        except Cancelled:
+            raise
+        for ex in exits:
+            w = self._worker_group.workers[ex.local_rank]
+            self._emit(
+                "torchelastic.worker.status.TERMINATED",
+                rank=w.global_rank,
+                local_rank=ex.local_rank,
+                exit_code=ex.exit_code,
+                attempt=self._attempt,
+            )
+        self._emit("agent.group_stopped", reason=reason, attempt=self._attempt)
+
+    async def _restart_workers(self, wg: WorkerGroup, reason: str, detail: str = "") -> None:
+        self._emit(
+            "agent.restart",
+            reason=reason,
+            detail=detail,
+            remaining_restarts=self._remaining_restarts,
+        )
+        await self._stop_group(reason)
+        wg.state = WorkerState.STOPPED
+        self._attempt += 1
+        await self._initialize_workers(wg)
+
+    async def _exit_barrier(self) -> None:
+        """Wait for every agent of the round to succeed too (errors are logged, not raised)."""
+        store = self._store
+        wg = self._worker_group
+        if store is None or not wg.group_world_size or wg.group_world_size <= 1:
+            return
+        self._in_exit_barrier = True
+        t0 = self.clock.now()
+        try:
+            n = await store.add(f"{_TERMINAL_STATE_SYNC_ID}/count", 1)
+            if n >= wg.group_world_size:
+                await store.set(f"{_TERMINAL_STATE_SYNC_ID}/last_member", b"1")
+            await store.get(f"{_TERMINAL_STATE_SYNC_ID}/last_member", self._exit_barrier_timeout)
+            self._emit("agent.exit_barrier", duration_s=round(self.clock.now() - t0, 6))
+        except Cancelled:
+            raise
+        except Exception as e:
+            self._emit("agent.exit_barrier_error", error=f"{type(e).__name__}: {e}")
+        finally:
+            self._in_exit_barrier = False
+
+    # -- metrics ---------------------------------------------------------------------------
+    def _record_metrics(self, group_results: RunResult) -> None:
+        spec = self._worker_group.spec
+        role = spec.role
+        with_retries = self._remaining_restarts != spec.max_restarts
+        failed = group_results.is_failed()
+        put_metric(f"workers.{role}.run_total", 1)
+        put_metric(f"workers.{role}.run_success_with_retries", int(not failed and with_retries))
+        put_metric(f"workers.{role}.run_success_no_retries", int(not failed and not with_retries))
+        put_metric(f"workers.{role}.run_failed_with_retries", int(failed and with_retries))
+        put_metric(f"workers.{role}.run_failed_no_retries", int(failed and not with_retries))
+        flakiness = (
+            100.0
+            if failed
+            else 100.0 - 100.0 * (self._remaining_restarts + 1) / (spec.max_restarts + 1)
+        )
+        put_metric(f"workers.{role}.flakiness", int(flakiness))
+
+
+class WorkerStartRefused(ElasticError):
+    """A pre-start check (e.g. GPU health) refused to start workers on this node."""
