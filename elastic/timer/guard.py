@@ -1,0 +1,112 @@
+"""Who the timer servers may signal, and with what: a real adapter (``os.kill``, psutil).
+
+torch's servers take the pid and the signal from the request and call
+``os.kill(pid, signal)`` — any process that can write to the pipe can make the agent
+signal any process it may signal.  :class:`ReapGuard` narrows that down:
+
+* **pids**: only the worker pids the agent registered with :meth:`set_worker_pids`
+  (updated at each (re)start), or their descendants (a worker's own subprocesses,
+  found with psutil).  Until the agent registers pids, the server's own descendants
+  are allowed, which is what a worker group launched by this process is.  Never the
+  server's own pid, never pid ≤ 0 (process groups, "everyone").
+* **signals**: only ``allowed_signals`` (default ``{SIGKILL, SIGTERM}``), plus 0
+  ("never reap", torch's meaning) in a request.
+
+The check runs when a request arrives *and* again right before the signal is sent
+(a pid can be reused in between).  Anything refused is logged and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import psutil
+
+__all__ = ["DEFAULT_ALLOWED_SIGNALS", "ReapGuard", "Reaped"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ALLOWED_SIGNALS: frozenset[int] = frozenset({signal.SIGKILL, signal.SIGTERM})
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    """A report to the agent: a worker was signalled because its timer expired.
+
+    ``expiration_time`` is in the server's time base (wall-clock seconds).
+    """
+
+    worker_pid: int
+    scope_id: str
+    expiration_time: float
+    signal: int
+
+
+class ReapGuard:
+    """The pid and signal policy of a timer server (see the module docstring)."""
+
+    def __init__(
+        self,
+        allowed_signals: Iterable[int] = DEFAULT_ALLOWED_SIGNALS,
+        *,
+        server_pid: int | None = None,
+    ) -> None:
+        self.allowed_signals = frozenset(int(s) for s in allowed_signals)
+        self._server_pid = os.getpid() if server_pid is None else server_pid
+        # replaced whole (never mutated) so reader threads see a consistent set
+        self._worker_pids: frozenset[int] | None = None
+
+    @property
+    def worker_pids(self) -> frozenset[int] | None:
+        """The registered worker pids, or None before the agent registered any."""
+        return self._worker_pids
+
+    def set_worker_pids(self, pids: Iterable[int] | None) -> None:
+        """Allow exactly these workers (and their descendants); None = server's descendants."""
+        self._worker_pids = None if pids is None else frozenset(int(p) for p in pids)
+
+    def signal_allowed(self, sig: int) -> bool:
+        """0 (never reap) or one of ``allowed_signals``."""
+        return sig == 0 or sig in self.allowed_signals
+
+    def pid_allowed(self, pid: int) -> bool:
+        """True if ``pid`` is a registered worker or a descendant of one (see module doc)."""
+        if pid <= 0 or pid == self._server_pid:
+            return False
+        roots = self._worker_pids
+        if roots is not None and pid in roots:
+            return True
+        anchors = roots if roots is not None else frozenset({self._server_pid})
+        try:
+            return any(p.pid in anchors for p in psutil.Process(pid).parents())
+        except psutil.Error:
+            return False
+
+    def kill(self, pid: int, sig: int) -> bool:
+        """Send ``sig`` to ``pid`` if allowed.  True when the worker is dealt with.
+
+        A process that is already gone counts as reaped (torch's rule); a refused
+        pid or signal also returns True, so its timers are dropped, not retried.
+        False only when ``os.kill`` failed for another reason (retry later).
+        """
+        if not self.signal_allowed(sig) or sig == 0:
+            log.warning("refusing to send signal %s to pid %s: not an allowed signal", sig, pid)
+            return True
+        if not self.pid_allowed(pid):
+            log.warning(
+                "refusing to signal pid %s: not a worker of this agent (or already gone)", pid
+            )
+            return True
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            log.info("Process with pid=%s does not exist. Skipping", pid)
+            return True
+        except OSError:
+            log.exception("Error terminating pid=%s", pid)
+            return False
+        return True
