@@ -19,12 +19,14 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from elastic.clock import Clock
 from elastic.errors import ElasticError
 from elastic.store import Store
 
 __all__ = [
     "RendezvousClosedError",
     "RendezvousConnectionError",
+    "RendezvousContext",
     "RendezvousError",
     "RendezvousGracefulExitError",
     "RendezvousHandler",
@@ -135,6 +137,23 @@ class RendezvousInfo:
         return self._bootstrap_store_info
 
 
+@dataclass(frozen=True, slots=True)
+class RendezvousContext:
+    """The ports and identity a handler needs (torch reads them from globals; we pass them).
+
+    ``node_id`` must be unique among the job's agents; ``node_addr`` is what rank 0
+    publishes as MASTER_ADDR.  ``port_chooser`` gives rank 0 a MASTER_PORT (a free TCP
+    port in real mode, any int in the simulator); without it the ``master_port`` config
+    key, else 29500, is used.
+    """
+
+    store: Store
+    clock: Clock
+    node_addr: str
+    node_id: str
+    port_chooser: Callable[[], int] | None = None
+
+
 class RendezvousHandler(ABC):
     """Main rendezvous interface."""
 
@@ -158,7 +177,9 @@ class RendezvousHandler(ABC):
         """Wait until the current round should end; return why.
 
         Reasons: ``"nodes_waiting"`` (late arrivals want in), ``"peer_lost"`` (a member's
-        lease expired), ``"closed"``.  Never returns while the round stays valid.
+        lease expired), ``"restarted"`` (another member already opened the next round,
+        e.g. because its workers failed), ``"closed"``.  Never returns while the round
+        stays valid.  Every reason means: call :meth:`next_rendezvous_async` again.
         """
 
     @abstractmethod

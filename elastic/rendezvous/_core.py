@@ -1,0 +1,362 @@
+"""The dynamic rendezvous, as pure decisions: no store, no clock, no I/O.
+
+Rules that keep it that way
+---------------------------
+* Nothing here awaits, reads a clock or touches a store.  Time comes in as ``now``.
+* Decisions are returned, never performed: the async driver (``dynamic.py``) does the
+  store operations and feeds what it learns back in.
+* A transition missing from the table is illegal: it raises
+  :class:`IllegalTransition` and leaves the state unchanged (transitions are checked
+  before anything is mutated).
+
+Theory of operation
+-------------------
+A rendezvous goes through *rounds*.  A round is ``OPEN`` while nodes join, ``COMPLETE``
+once its members and ranks are fixed, and the whole rendezvous is ``CLOSED`` for good
+by :meth:`Rendezvous.close`.  The rules are torch's (``dynamic_rendezvous.py``):
+
+* an open round completes at once when ``max_nodes`` have joined, or when at least
+  ``min_nodes`` have joined and the *last-call deadline* has passed; the deadline is set
+  ``last_call_timeout`` after the count reached ``min_nodes`` and cleared when the count
+  drops below it again;
+* a node arriving at a complete round goes to the *wait list* if the round has room
+  (fewer than ``max_nodes`` members; members then see ``nodes_waiting`` and restart), or
+  else to the *redundancy list*, where it waits without a deadline for a place to free;
+* a member asking for a new round (its group restarts), or a member's death, opens the
+  next round; every live member, waiting and redundant node joins it;
+* a node that joined an open round and is not in a complete one ``join_timeout`` later
+  times out.
+
+Three functions are shared with the distributed driver, so what the property tests pin
+here is what the driver decides: :func:`choose_members` (who is admitted and in which
+rank order), :func:`arrival_role` (wait list or redundancy list) and
+:func:`first_attempt_at` (when a joiner tries to complete the round).
+
+Rank rule: ranks are the members sorted by node id.  Same membership ⇒ same ranks, in
+every round, on every node, with no history needed.  When more live nodes want in than
+``max_nodes``, the members of the previous round are admitted first (a hot spare never
+evicts a healthy member), then the others by node id.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Action",
+    "ActionKind",
+    "CoreSettings",
+    "Event",
+    "IllegalTransition",
+    "NodeStatus",
+    "Phase",
+    "Rendezvous",
+    "arrival_role",
+    "choose_members",
+    "first_attempt_at",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    """The numbers the decisions depend on (seconds)."""
+
+    min_nodes: int
+    max_nodes: int
+    last_call_timeout: float = 30.0
+    join_timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.min_nodes < 1 or self.max_nodes < self.min_nodes:
+            raise ValueError(
+                f"need 1 <= min_nodes <= max_nodes, got {self.min_nodes}..{self.max_nodes}"
+            )
+
+
+class Phase(enum.Enum):
+    OPEN = "open"
+    COMPLETE = "complete"
+    CLOSED = "closed"
+
+
+class NodeStatus(enum.Enum):
+    ABSENT = "absent"
+    JOINED = "joined"  # in the open round, not yet admitted
+    MEMBER = "member"  # admitted to the complete round
+    WAITING = "waiting"  # wait list of the complete round (it has room)
+    REDUNDANT = "redundant"  # redundancy list (the round is full)
+
+
+class Event(enum.Enum):
+    JOIN = "join"  # a node calls next_rendezvous
+    LEAVE = "leave"  # a node leaves gracefully, or its lease expired
+    TICK = "tick"  # time passed
+    CLOSE = "close"  # set_closed
+
+
+class ActionKind(enum.Enum):
+    JOINED = "joined"
+    DEADLINE_SET = "deadline_set"
+    DEADLINE_CLEARED = "deadline_cleared"
+    COMPLETED = "completed"
+    ROUND_OPENED = "round_opened"
+    WAITING = "waiting"
+    REDUNDANT = "redundant"
+    PEER_LOST = "peer_lost"
+    REMOVED = "removed"
+    TIMED_OUT = "timed_out"
+    CLOSED = "closed"
+    ERROR_CLOSED = "error_closed"
+    GRACEFUL_EXIT = "graceful_exit"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """A decision for the caller: what happened and to whom."""
+
+    kind: ActionKind
+    node: str | None = None
+    round: int = 0
+    members: tuple[str, ...] = ()
+    at: float | None = None
+
+
+class IllegalTransition(RuntimeError):
+    """An event that the current state does not allow; the state was not changed."""
+
+    def __init__(self, phase: Phase, status: NodeStatus | None, event: Event, node: str | None):
+        super().__init__(phase, status, event, node)
+        self.phase, self.status, self.event, self.node = phase, status, event, node
+
+    def __str__(self) -> str:
+        who = f" by node {self.node!r} ({self.status.value})" if self.status else ""
+        phase = self.phase.value
+        return f"illegal rendezvous transition: {self.event.value}{who} in a {phase} round"
+
+
+# -- decisions shared with the distributed driver ---------------------------------------
+
+
+def choose_members(
+    live: Iterable[str],
+    previous: Sequence[str],
+    settings: CoreSettings,
+    *,
+    last_call_passed: bool,
+) -> tuple[str, ...] | None:
+    """The members of a round, in rank order, or ``None`` if it must not complete yet.
+
+    Completes with ``max_nodes`` members as soon as that many are live; with every live
+    node (at least ``min_nodes``) once the last call passed.  Previous members are
+    admitted first, then the others by node id; ranks are the admitted sorted by id.
+    """
+    nodes = set(live)
+    if len(nodes) < settings.min_nodes:
+        return None
+    if len(nodes) < settings.max_nodes and not last_call_passed:
+        return None
+    prev = [n for n in previous if n in nodes]
+    prev_set = set(prev)
+    ordered = sorted(prev) + sorted(nodes - prev_set)
+    return tuple(sorted(ordered[: settings.max_nodes]))
+
+
+def arrival_role(members: int, settings: CoreSettings) -> NodeStatus:
+    """Where a node arriving at a complete round of ``members`` goes."""
+    return NodeStatus.WAITING if members < settings.max_nodes else NodeStatus.REDUNDANT
+
+
+def first_attempt_at(join_index: int, joined_at: float, settings: CoreSettings) -> float | None:
+    """When the ``join_index``-th joiner (1-based) first tries to complete the round.
+
+    ``None`` below ``min_nodes``: a later joiner decides.  At ``max_nodes`` and beyond:
+    at once.  In between: when its last call ends — the ``min_nodes``-th joiner's
+    deadline is torch's last-call deadline; later joiners are fail-overs.
+    """
+    if join_index < settings.min_nodes:
+        return None
+    if join_index >= settings.max_nodes:
+        return joined_at
+    return joined_at + settings.last_call_timeout
+
+
+# -- the reference state machine ------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Rendezvous:
+    """The whole rendezvous as one state machine (the semantics the driver implements).
+
+    Feed it events with :meth:`join`, :meth:`leave`, :meth:`tick` and :meth:`close`; each
+    returns the actions that follow.  ``joined`` maps a node of the open round to the
+    time it joined (for ``join_timeout``).
+    """
+
+    settings: CoreSettings
+    round: int = 0
+    phase: Phase = Phase.OPEN
+    joined: dict[str, float] = field(default_factory=dict)
+    members: tuple[str, ...] = ()
+    previous: tuple[str, ...] = ()
+    wait_list: set[str] = field(default_factory=set)
+    redundancy_list: set[str] = field(default_factory=set)
+    deadline: float | None = None
+    closed_round_phase: Phase | None = None
+
+    def status(self, node: str) -> NodeStatus:
+        if node in self.joined:
+            return NodeStatus.JOINED
+        if node in self.wait_list:
+            return NodeStatus.WAITING
+        if node in self.redundancy_list:
+            return NodeStatus.REDUNDANT
+        if node in self.members and self.phase is not Phase.OPEN:
+            return NodeStatus.MEMBER
+        return NodeStatus.ABSENT
+
+    # -- public events ----------------------------------------------------------------
+    def join(self, node: str, now: float) -> list[Action]:
+        return self._node_event(Event.JOIN, node, now)
+
+    def leave(self, node: str, now: float) -> list[Action]:
+        """``node`` left gracefully or its lease expired."""
+        return self._node_event(Event.LEAVE, node, now)
+
+    def tick(self, now: float) -> list[Action]:
+        return _GLOBAL[(self.phase, Event.TICK)](self, now)
+
+    def close(self, now: float) -> list[Action]:
+        return _GLOBAL[(self.phase, Event.CLOSE)](self, now)
+
+    def _node_event(self, event: Event, node: str, now: float) -> list[Action]:
+        status = self.status(node)
+        handler = _TABLE.get((self.phase, status, event))
+        if handler is None:
+            raise IllegalTransition(self.phase, status, event, node)
+        return handler(self, node, now)
+
+    # -- transitions (only called through the tables) -------------------------------
+    def _add(self, node: str, now: float) -> list[Action]:
+        self.joined[node] = now
+        out = [Action(ActionKind.JOINED, node, self.round)]
+        if len(self.joined) >= self.settings.min_nodes and self.deadline is None:
+            self.deadline = now + self.settings.last_call_timeout
+            out.append(Action(ActionKind.DEADLINE_SET, round=self.round, at=self.deadline))
+        return out + self._maybe_complete(now)
+
+    def _maybe_complete(self, now: float) -> list[Action]:
+        passed = self.deadline is not None and now >= self.deadline
+        chosen = choose_members(self.joined, self.previous, self.settings, last_call_passed=passed)
+        if chosen is None:
+            return []
+        left_out = sorted(set(self.joined) - set(chosen))
+        self.phase = Phase.COMPLETE
+        self.members = chosen
+        self.deadline = None
+        self.joined = {}
+        out = [Action(ActionKind.COMPLETED, round=self.round, members=chosen)]
+        for n in left_out:
+            out += self._arrive_late(n, now)
+        return out
+
+    def _remove_joined(self, node: str, now: float) -> list[Action]:
+        del self.joined[node]
+        out = [Action(ActionKind.REMOVED, node, self.round)]
+        if len(self.joined) < self.settings.min_nodes and self.deadline is not None:
+            self.deadline = None
+            out.append(Action(ActionKind.DEADLINE_CLEARED, round=self.round))
+        return out
+
+    def _arrive_late(self, node: str, now: float) -> list[Action]:
+        if arrival_role(len(self.members), self.settings) is NodeStatus.WAITING:
+            self.wait_list.add(node)
+            return [Action(ActionKind.WAITING, node, self.round)]
+        self.redundancy_list.add(node)
+        return [Action(ActionKind.REDUNDANT, node, self.round)]
+
+    def _open_next(self, now: float, rejoining: Iterable[str]) -> list[Action]:
+        """The complete round ends; everyone still interested joins the next one."""
+        nodes = sorted(set(rejoining) | self.wait_list | self.redundancy_list)
+        self.previous = self.members
+        self.round += 1
+        self.phase = Phase.OPEN
+        self.members = ()
+        self.wait_list = set()
+        self.redundancy_list = set()
+        self.deadline = None
+        out = [Action(ActionKind.ROUND_OPENED, round=self.round)]
+        for n in nodes:
+            if self.phase is Phase.OPEN:
+                out += self._add(n, now)
+            else:
+                out += self._arrive_late(n, now)
+        return out
+
+    def _member_restarts(self, node: str, now: float) -> list[Action]:
+        return self._open_next(now, self.members)
+
+    def _member_lost(self, node: str, now: float) -> list[Action]:
+        survivors = [m for m in self.members if m != node]
+        self.members = tuple(survivors)
+        lost = Action(ActionKind.PEER_LOST, node, self.round)
+        return [lost, *self._open_next(now, survivors)]
+
+    def _unlist(self, node: str, now: float) -> list[Action]:
+        self.wait_list.discard(node)
+        self.redundancy_list.discard(node)
+        return [Action(ActionKind.REMOVED, node, self.round)]
+
+    def _closed_join(self, node: str, now: float) -> list[Action]:
+        kind = ActionKind.GRACEFUL_EXIT if node in self.redundancy_list else ActionKind.ERROR_CLOSED
+        return [Action(kind, node, self.round)]
+
+    def _closed_leave(self, node: str, now: float) -> list[Action]:
+        self.joined.pop(node, None)
+        self.wait_list.discard(node)
+        self.redundancy_list.discard(node)
+        return [Action(ActionKind.REMOVED, node, self.round)]
+
+    def _tick_open(self, now: float) -> list[Action]:
+        out: list[Action] = []
+        for n in sorted(self.joined):
+            if now >= self.joined[n] + self.settings.join_timeout:
+                out.append(Action(ActionKind.TIMED_OUT, n, self.round))
+                out += self._remove_joined(n, now)[1:]
+        return out + self._maybe_complete(now)
+
+    def _noop(self, now: float) -> list[Action]:
+        return []
+
+    def _close(self, now: float) -> list[Action]:
+        self.closed_round_phase = self.phase
+        self.phase = Phase.CLOSED
+        self.deadline = None
+        return [Action(ActionKind.CLOSED, round=self.round)]
+
+
+_NodeHandler = Callable[[Rendezvous, str, float], list[Action]]
+_GlobalHandler = Callable[[Rendezvous, float], list[Action]]
+
+# (phase, status of the node, event) -> transition.  Anything else is illegal.
+_TABLE: dict[tuple[Phase, NodeStatus, Event], _NodeHandler] = {
+    (Phase.OPEN, NodeStatus.ABSENT, Event.JOIN): Rendezvous._add,
+    (Phase.OPEN, NodeStatus.JOINED, Event.LEAVE): Rendezvous._remove_joined,
+    (Phase.COMPLETE, NodeStatus.ABSENT, Event.JOIN): Rendezvous._arrive_late,
+    (Phase.COMPLETE, NodeStatus.MEMBER, Event.JOIN): Rendezvous._member_restarts,
+    (Phase.COMPLETE, NodeStatus.MEMBER, Event.LEAVE): Rendezvous._member_lost,
+    (Phase.COMPLETE, NodeStatus.WAITING, Event.LEAVE): Rendezvous._unlist,
+    (Phase.COMPLETE, NodeStatus.REDUNDANT, Event.LEAVE): Rendezvous._unlist,
+    **{(Phase.CLOSED, s, Event.JOIN): Rendezvous._closed_join for s in NodeStatus},
+    **{(Phase.CLOSED, s, Event.LEAVE): Rendezvous._closed_leave for s in NodeStatus},
+}
+
+_GLOBAL: dict[tuple[Phase, Event], _GlobalHandler] = {
+    (Phase.OPEN, Event.TICK): Rendezvous._tick_open,
+    (Phase.COMPLETE, Event.TICK): Rendezvous._noop,
+    (Phase.CLOSED, Event.TICK): Rendezvous._noop,
+    (Phase.OPEN, Event.CLOSE): Rendezvous._close,
+    (Phase.COMPLETE, Event.CLOSE): Rendezvous._close,
+    (Phase.CLOSED, Event.CLOSE): Rendezvous._noop,
+}
