@@ -66,19 +66,27 @@ def parse_duration(value: object) -> float:
 
 
 def format_duration(seconds: float) -> str | float:
-    """Return the shortest exact spelling of ``seconds``: ``"10m"``, ``"100ms"``, or a float.
+    """Return a readable exact spelling of ``seconds``: ``"10m"``, ``"100ms"``, ``"3723.123s"``.
 
-    The result parses back to exactly ``seconds``; when no unit gives a whole number
-    (e.g. a drawn fault time ``3723.123``) the plain number of seconds is returned.
+    Whole days, hours, minutes or seconds use that unit; under a second, whole milliseconds
+    use ``ms``; anything else is written in seconds.  The result always parses back to
+    exactly ``seconds`` (a plain float is returned in the rare case no string does).
     """
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"cannot format {seconds!r} as a duration")
+    seconds = float(seconds)
     if seconds == 0:
         return "0s"
+    exact = Decimal(repr(seconds))
+    candidates: list[str] = []
     for unit, scale in UNITS.items():
-        count = Decimal(repr(float(seconds))) / scale
+        count = exact / scale
         if count == count.to_integral_value() and count >= 1:
-            text = f"{int(count)}{unit}"
-            if parse_duration(text) == seconds:
-                return text
-    return float(seconds)
+            if unit != "ms" or seconds < 1:
+                candidates.append(f"{int(count)}{unit}")
+            break
+    candidates.append(f"{seconds!r}s")
+    for text in candidates:
+        if parse_duration(text) == seconds:
+            return text
+    return seconds

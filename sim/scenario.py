@@ -459,7 +459,7 @@ def load_scenario_text(text: str, name: str = "<string>") -> Scenario:
         raise ConfigError(
             f"{name}:1", "the YAML nests too deeply; expected a scenario mapping"
         ) from None
-    if root is None:
+    if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == _TAG + "null"):
         raise ConfigError(
             f"{name}:1",
             "the file is empty; expected a scenario mapping with at least cluster: and job:",
