@@ -1,0 +1,235 @@
+"""Where a worker's output goes: torch's ``Std``, ``LogsSpecs`` and log directory layout.
+
+Theory of operation
+-------------------
+A :class:`LogsSpecs` turns the per-rank worker environments of one attempt into a
+:class:`LogsDest`: for every local rank, the file (or the console, ``""``) its stdout and
+stderr go to, which of them are also shown on the agent's console (tee), and the path of
+its ``error.json``.  :class:`DefaultLogsSpecs` keeps torch's layout::
+
+    <log_dir>/<run_id>_<random>/attempt_<k>/<local_rank>/{stdout.log,stderr.log,error.json}
+
+where ``run_id`` is the worker env's ``TORCHELASTIC_RUN_ID`` and ``k`` its
+``TORCHELASTIC_RESTART_COUNT``.  The run directory is made once per specs object, so the
+logs of failed attempts stay next to the new ones (one ``attempt_<k>`` per restart).
+``reify`` sets ``TORCHELASTIC_ERROR_FILE`` in every rank's env, like torch.
+
+Semantics kept from torch: tee implies redirect (a tee'd stream is written to its file
+*and* shown on the console); with ``local_ranks_filter``, ranks outside the filter lose
+their console copy, and their streams that were not redirected go to ``os.devnull``;
+``log_dir == os.devnull`` disables every file (error files become ``""``).
+
+Where we differ: :meth:`Std.from_str` accepts local ranks of any number of digits
+(torch's pattern takes one digit, so ``10:3`` was refused).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import IntFlag
+
+__all__ = ["DefaultLogsSpecs", "LogsDest", "LogsSpecs", "Std", "to_map"]
+
+logger = logging.getLogger(__name__)
+
+_VALUE_REGEX = re.compile(r"^[0123]$")
+_MAPPING_REGEX = re.compile(r"^(\d+:[0123],)*(\d+:[0123])$")
+
+
+class Std(IntFlag):
+    """Which standard streams: NONE=0, OUT=1, ERR=2, ALL=3 (flags, like torch's)."""
+
+    NONE = 0
+    OUT = 1
+    ERR = 2
+    ALL = OUT | ERR
+
+    @classmethod
+    def from_str(cls, vm: str) -> Std | dict[int, Std]:
+        """Parse ``"3"`` into ``Std.ALL`` and ``"0:1,10:2"`` into ``{0: OUT, 10: ERR}``.
+
+        Raises ``ValueError`` (one line: the value and what is expected) on anything else;
+        the command line turns it into a ``ConfigError`` naming the flag.
+        """
+        text = vm.strip()
+        if _VALUE_REGEX.match(text):
+            return cls(int(text))
+        if _MAPPING_REGEX.match(text):
+            result: dict[int, Std] = {}
+            for item in text.split(","):
+                rank, value = item.split(":")
+                result[int(rank)] = cls(int(value))
+            return result
+        raise ValueError(
+            f"{vm!r} is not a stream selection: expected one of 0,1,2,3 (none, stdout, "
+            "stderr, both) or a per-local-rank map like 0:3,1:0,10:1"
+        )
+
+
+def to_map(val_or_map: Std | dict[int, Std], local_world_size: int) -> dict[int, Std]:
+    """A full ``{local_rank: Std}`` for ranks ``0..n-1``; ranks missing from a map get NONE."""
+    if isinstance(val_or_map, Std):
+        return dict.fromkeys(range(local_world_size), val_or_map)
+    return {i: val_or_map.get(i, Std.NONE) for i in range(local_world_size)}
+
+
+@dataclass
+class LogsDest:
+    """Per local rank: stdout/stderr destination ("" = console), tee'd files, error files."""
+
+    stdouts: dict[int, str] = field(default_factory=dict)
+    stderrs: dict[int, str] = field(default_factory=dict)
+    tee_stdouts: dict[int, str] = field(default_factory=dict)
+    tee_stderrs: dict[int, str] = field(default_factory=dict)
+    error_files: dict[int, str] = field(default_factory=dict)
+    filtered_stdout: str = ""
+    filtered_stderr: str = ""
+
+
+class LogsSpecs(ABC):
+    """How worker output is logged: base directory, redirects, tee, console rank filter."""
+
+    def __init__(
+        self,
+        log_dir: str | None = None,
+        redirects: Std | dict[int, Std] = Std.NONE,
+        tee: Std | dict[int, Std] = Std.NONE,
+        local_ranks_filter: set[int] | None = None,
+    ) -> None:
+        self._root_log_dir = log_dir
+        self._redirects = redirects
+        self._tee = tee
+        self._local_ranks_filter = local_ranks_filter
+
+    @abstractmethod
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        """Make the destinations for one attempt; may add variables to ``envs``."""
+
+    @property
+    @abstractmethod
+    def root_log_dir(self) -> str:
+        """The base directory given (or made) for the logs."""
+
+
+class DefaultLogsSpecs(LogsSpecs):
+    """torch's layout; ``log_dir`` None/"" → a fresh ``torchelastic_*`` temp directory.
+
+    Raises ``NotADirectoryError`` if ``log_dir`` names an existing file (as torch does).
+    """
+
+    def __init__(
+        self,
+        log_dir: str | None = None,
+        redirects: Std | dict[int, Std] = Std.NONE,
+        tee: Std | dict[int, Std] = Std.NONE,
+        local_ranks_filter: set[int] | None = None,
+    ) -> None:
+        if log_dir != os.devnull:
+            if not log_dir:
+                log_dir = tempfile.mkdtemp(prefix="torchelastic_")
+            elif os.path.isfile(log_dir):
+                raise NotADirectoryError(f"log_dir: {log_dir} is a file")
+            else:
+                os.makedirs(log_dir, exist_ok=True)
+        super().__init__(log_dir, redirects, tee, local_ranks_filter)
+        self._run_log_dir: str | None = None
+
+    @property
+    def root_log_dir(self) -> str:
+        return str(self._root_log_dir)
+
+    @property
+    def run_log_dir(self) -> str | None:
+        """``<log_dir>/<run_id>_<random>`` once the first attempt was reified, else None."""
+        return self._run_log_dir
+
+    def _make_run_dir(self, run_id: str) -> str:
+        base = self._root_log_dir or tempfile.mkdtemp(prefix="torchelastic_")
+        os.makedirs(base, exist_ok=True)
+        run_dir = tempfile.mkdtemp(prefix=f"{run_id}_", dir=base)
+        logger.info("log directory set to: %s", run_dir)
+        return run_dir
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        """Create ``attempt_<k>/<local_rank>/`` and return where each stream goes."""
+        nprocs = len(envs)
+        first = envs[0] if nprocs else {}
+        if not nprocs:
+            logger.warning("Empty envs map provided when defining logging destinations.")
+        run_id = first.get("TORCHELASTIC_RUN_ID", "test_run_id")
+        restart_count = first.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+        if self._root_log_dir == os.devnull:
+            attempt_dir = os.devnull
+        else:
+            if self._run_log_dir is None:
+                self._run_log_dir = self._make_run_dir(run_id)
+            attempt_dir = os.path.join(self._run_log_dir, f"attempt_{restart_count}")
+            # the same attempt number twice (a re-reify) starts from a clean directory
+            shutil.rmtree(attempt_dir, ignore_errors=True)
+            os.makedirs(attempt_dir)
+
+        redirs = to_map(self._redirects, nprocs)
+        tees = to_map(self._tee, nprocs)
+        for rank, tee_std in tees.items():
+            redirs[rank] |= tee_std  # to tee a stream we first write it to its file
+
+        console = ""
+        dest = LogsDest(
+            stdouts=dict.fromkeys(range(nprocs), console),
+            stderrs=dict.fromkeys(range(nprocs), console),
+            filtered_stdout=os.path.join(attempt_dir, "filtered_stdout.log"),
+            filtered_stderr=os.path.join(attempt_dir, "filtered_stderr.log"),
+        )
+        for rank in range(nprocs):
+            if attempt_dir == os.devnull:
+                dest.tee_stdouts[rank] = os.devnull
+                dest.tee_stderrs[rank] = os.devnull
+                dest.error_files[rank] = os.devnull
+                envs[rank]["TORCHELASTIC_ERROR_FILE"] = ""
+                continue
+            rank_dir = os.path.join(attempt_dir, str(rank))
+            os.mkdir(rank_dir)
+            if redirs[rank] & Std.OUT:
+                dest.stdouts[rank] = os.path.join(rank_dir, "stdout.log")
+            if redirs[rank] & Std.ERR:
+                dest.stderrs[rank] = os.path.join(rank_dir, "stderr.log")
+            if tees[rank] & Std.OUT:
+                dest.tee_stdouts[rank] = dest.stdouts[rank]
+            if tees[rank] & Std.ERR:
+                dest.tee_stderrs[rank] = dest.stderrs[rank]
+            if self._local_ranks_filter and rank not in self._local_ranks_filter:
+                dest.tee_stdouts.pop(rank, None)
+                dest.tee_stderrs.pop(rank, None)
+                if dest.stdouts[rank] == console:
+                    dest.stdouts[rank] = os.devnull
+                if dest.stderrs[rank] == console:
+                    dest.stderrs[rank] = os.devnull
+            error_file = os.path.join(rank_dir, "error.json")
+            dest.error_files[rank] = error_file
+            envs[rank]["TORCHELASTIC_ERROR_FILE"] = error_file
+        return dest
+
+    def __repr__(self) -> str:
+        return (
+            f"DefaultLogsSpecs(root_log_dir={self._root_log_dir}, redirects={self._redirects}, "
+            f"tee={self._tee}, local_ranks_filter={self._local_ranks_filter})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DefaultLogsSpecs):
+            return NotImplemented
+        return (
+            self._root_log_dir == other._root_log_dir
+            and self._redirects == other._redirects
+            and self._tee == other._tee
+            and self._local_ranks_filter == other._local_ranks_filter
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value like torch's

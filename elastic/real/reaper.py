@@ -1,0 +1,176 @@
+"""The reaper sidecar: when the agent dies, even by SIGKILL, everything it started dies too.
+
+Theory of operation
+-------------------
+No orphans, ever (a worker that outlives its agent pins a GPU until someone notices).
+Three mechanisms, each covering what the one before cannot:
+
+1. **The worker itself** — every worker is started through an exec shim
+   (:mod:`elastic.real._exec_shim`) that sets ``PR_SET_PDEATHSIG=SIGKILL`` before it
+   becomes the worker: the kernel kills it the moment the agent's event-loop thread dies.
+2. **Its descendants** — a death signal is not inherited.  Every worker and everything it
+   starts carries ``ELASTIC_AGENT_INSTANCE=<uuid>`` in its environment.  One sidecar per
+   agent (this module, started once by :class:`ReaperSidecar`, not per worker) blocks in
+   ``poll()`` on a pidfd of the agent and on a pipe from it.  When the agent dies the
+   pidfd becomes readable; the sidecar then SIGKILLs every process whose
+   ``/proc/<pid>/environ`` carries the marker, and rescans until none is left (a process
+   forking while it is being killed is caught by the next scan).  No polling: the
+   sidecar sleeps in the kernel until the agent is gone.
+3. **While the agent lives** — the agent is a child subreaper
+   (``PR_SET_CHILD_SUBREAPER``), so a descendant whose parent died stays in the agent's
+   process tree and ``stop()`` finds it by parentage as well as by the marker
+   (:mod:`elastic.real.proctree`).
+
+The sidecar runs in its own session (Ctrl-C in the terminal reaches the agent, which
+stops its workers, not the sidecar, which must outlive the agent) and ignores SIGINT and
+SIGHUP.  It holds no marker itself.  On a clean shutdown the agent writes ``q`` to the
+pipe and the sidecar exits without scanning.  A race closed at start-up: if the agent
+died before the sidecar opened its pidfd, ``getppid()`` is no longer the agent, and the
+sidecar kills at once.
+
+What it cannot catch: a descendant that dropped the marker (started with a scrubbed
+environment) *and* left the worker's process group and session; processes of another
+user.  The agent's ``stop()`` still finds such a process by parentage while the agent
+lives.
+
+This file runs as ``python -I -S reaper.py <agent_pid> <marker_value>``: standard
+library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import sys
+import time
+
+__all__ = ["MARKER", "ReaperSidecar", "kill_marked"]
+
+MARKER = "ELASTIC_AGENT_INSTANCE"
+
+
+def _marked(needle: bytes, me: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        if needle in b"\0" + data + b"\0":
+            found.append(int(entry))
+    return found
+
+
+def kill_marked(value: str, *, max_rounds: int = 200) -> int:
+    """SIGKILL every process carrying ``ELASTIC_AGENT_INSTANCE=value``; return how many.
+
+    Rescans until a scan finds none; a killed process leaves ``/proc`` or becomes a
+    zombie (whose environment reads empty) at once, so this ends after a round or two.
+    Bounded so that an unkillable process (stuck in the kernel) cannot keep it forever.
+    """
+    needle = f"\0{MARKER}={value}\0".encode()
+    me = os.getpid()
+    killed: set[int] = set()
+    for round_ in range(max_rounds):
+        pids = _marked(needle, me)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except OSError:
+                pass
+        if round_ >= 2:
+            # something survives SIGKILL for now (uninterruptible sleep): back off a bit
+            time.sleep(0.01)
+    return len(killed)
+
+
+def _sidecar(agent_pid: int, value: str) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        pidfd: int | None = os.pidfd_open(agent_pid)
+    except OSError:
+        pidfd = None
+    if pidfd is not None and os.getppid() == agent_pid:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        poller.register(0, select.POLLIN)
+        pipe_open = True
+        while True:
+            ready = {fd for fd, _ in poller.poll()}
+            if pidfd in ready:
+                break  # the agent is gone
+            if 0 in ready and pipe_open:
+                data = os.read(0, 64)
+                if b"q" in data:
+                    return 0  # clean shutdown: the agent stopped its workers itself
+                if not data:
+                    # every write end closed; the agent may still live (it closed the
+                    # pipe by mistake), so keep waiting on its pidfd alone
+                    poller.unregister(0)
+                    pipe_open = False
+    n = kill_marked(value)
+    if n:
+        sys.stderr.write(f"elastic reaper: agent {agent_pid} died; killed {n} process(es)\n")
+    return 0
+
+
+class ReaperSidecar:
+    """The agent's handle on its sidecar: start it once, tell it to leave on shutdown."""
+
+    def __init__(self, marker_value: str) -> None:
+        self.marker_value = marker_value
+        self.pid: int | None = None
+        self._pipe_w: int | None = None
+
+    @property
+    def pipe_fd(self) -> int | None:
+        """The write end held by the agent (a forked child must close it)."""
+        return self._pipe_w
+
+    def start(self) -> int:
+        """Start the sidecar (idempotent); return its pid."""
+        if self.pid is not None:
+            return self.pid
+        r, w = os.pipe()
+        env = {k: v for k, v in os.environ.items() if k != MARKER}
+        try:
+            pid = os.posix_spawn(
+                sys.executable,
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    os.path.abspath(__file__),
+                    str(os.getpid()),
+                    self.marker_value,
+                ],
+                env,
+                file_actions=[(os.POSIX_SPAWN_DUP2, r, 0)],
+                setsid=True,
+            )
+        finally:
+            os.close(r)
+        self.pid = pid
+        self._pipe_w = w
+        return pid
+
+    def request_exit(self) -> None:
+        """Tell the sidecar to exit without killing anything (the agent cleaned up)."""
+        if self._pipe_w is not None:
+            with contextlib.suppress(OSError):  # the sidecar is gone: nothing to tell
+                os.write(self._pipe_w, b"q")
+            os.close(self._pipe_w)
+            self._pipe_w = None
+
+
+if __name__ == "__main__":
+    sys.exit(_sidecar(int(sys.argv[1]), sys.argv[2]))

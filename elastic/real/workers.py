@@ -1,0 +1,780 @@
+"""The real workers port: worker processes started, watched, logged and reaped on Linux.
+
+Theory of operation
+-------------------
+:class:`ProcessWorkers` implements :class:`elastic.workers.WorkersPort` on an asyncio
+event loop (it uses asyncio directly; it does not need the clock port).
+
+Starting.  Each worker is started with ``os.posix_spawn`` (no Python code runs between
+``fork`` and ``exec``, safe with threads) through the exec shim
+(:mod:`elastic.real._exec_shim`), which sets the worker's parent-death signal and then
+``exec``'s the worker in place — same pid.  An executable entrypoint is resolved on the
+worker's ``PATH`` first (a missing one is a one-line :class:`~elastic.errors.ConfigError`);
+``${local_rank}`` in string arguments becomes the local rank.  A function entrypoint is
+run by :mod:`elastic.real._fn_runner`: with ``start_method="spawn"`` the function is found
+again by its import path (module + qualified name, ``__main__`` re-run as
+``__mp_main__``), so lambdas and local functions are refused; with ``"fork"`` the child
+calls it directly.  Arguments and return values are JSON, never pickle: a return value
+that is not JSON-serialisable (or over 1 MiB) reaches the agent as None with a warning.
+Each worker leads its own process group and its environment is the agent's, overlaid by
+``WorkerLaunch.env``, plus the launcher's own variables: ``TORCHELASTIC_ERROR_FILE``
+(from the :class:`~elastic.multiprocessing.api.LogsSpecs`) and the markers
+``ELASTIC_AGENT_INSTANCE`` / ``ELASTIC_WORKER_GROUP``.
+
+Watching.  Each worker has a pidfd (``os.pidfd_open``, Linux ≥ 5.3) registered with
+``loop.add_reader``: the kernel makes it readable when the worker exits, the callback
+reaps it with ``waitid(P_PIDFD)`` and queues a :class:`~elastic.workers.WorkerExit`.  No
+thread, no polling; ``next_exit()`` returns exits in the order the kernel reported them.
+Exit codes follow torch: negative for a signal.  Causes: ``STOPPED_BY_AGENT`` for exits
+during ``stop()`` or from a signal the agent sent with ``signal()``; ``OOM_KILLED`` for
+a SIGKILL when the kernel's OOM-kill count rose (:mod:`elastic.multiprocessing.errors.report`);
+``SIGNALED`` for other signals; else ``EXITED``.
+
+Logging.  Redirected streams go straight from the worker to their file.  Tee'd streams
+go through a pipe: the loop reads it when readable and a
+:class:`~elastic.multiprocessing.tail.TeeSink` writes each chunk to the file and the
+``[<role><local_rank>]:``-prefixed lines to the agent's console.  Streams neither
+redirected nor filtered out are the agent's own stdout/stderr, as in torch.
+
+Stopping and orphans.  ``stop(grace, sig)`` signals each live worker's process group and
+every descendant found by parentage or marker (:mod:`elastic.real.proctree`), waits —
+on pidfds, not by polling — up to ``grace`` for all of them, then SIGKILLs and rescans
+until nothing is left.  If the agent itself dies, the workers die by their death signal
+and their descendants by the reaper sidecar (:mod:`elastic.real.reaper`); the agent is a
+child subreaper so orphans stay in its tree while it lives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import io
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from string import Template
+from typing import IO, Any, Literal
+
+from elastic.errors import ConfigError, ElasticError
+from elastic.multiprocessing.api import DefaultLogsSpecs, LogsDest, LogsSpecs
+from elastic.multiprocessing.errors.report import OomCounters, oom_verdict, read_oom_counters
+from elastic.multiprocessing.tail import TeeSink, default_header
+from elastic.real import _fn_runner, proctree
+from elastic.real.reaper import ReaperSidecar
+from elastic.workers import ExitCause, WorkerExit, WorkerLaunch
+
+__all__ = ["ProcessGroup", "ProcessWorkers", "StartMethod", "substitute_local_rank"]
+
+logger = logging.getLogger(__name__)
+
+StartMethod = Literal["spawn", "fork"]
+
+_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_exec_shim.py")
+_RUNNER = os.path.abspath(_fn_runner.__file__)
+_PR_SET_PDEATHSIG = 1
+_READ_CHUNK = 64 * 1024
+_KILL_ROUNDS = 20
+_SIGTERM = int(signal.SIGTERM)  # the method ProcessGroup.signal shadows the module
+
+
+def substitute_local_rank(args: Sequence[Any], local_rank: int) -> list[Any]:
+    """torch's macro: ``${local_rank}`` in each string argument becomes the local rank."""
+    return [
+        Template(a).safe_substitute(local_rank=str(local_rank)) if isinstance(a, str) else a
+        for a in args
+    ]
+
+
+class _Console:
+    """The agent's console as a byte sink, flushing the text layer first to keep order."""
+
+    def __init__(self, stream: IO[str] | IO[bytes]) -> None:
+        self._stream = stream
+
+    def write(self, data: bytes, /) -> int:
+        s = self._stream
+        buffer = getattr(s, "buffer", None)
+        if buffer is not None:
+            s.flush()
+            buffer.write(data)
+            buffer.flush()
+        elif isinstance(s, io.TextIOBase):
+            s.write(data.decode(errors="replace"))
+        else:
+            s.write(data)  # type: ignore[arg-type]
+        return len(data)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+@dataclass(slots=True)
+class _Worker:
+    """Launcher-side state of one worker (mutable, private)."""
+
+    launch: WorkerLaunch
+    pid: int
+    handle: proctree.ProcHandle
+    result_path: str | None
+    error_file: str | None
+    done: asyncio.Future[WorkerExit]
+    tee_fds: list[int]
+    signals_sent: set[int]
+
+
+class ProcessGroup:
+    """A started group of worker processes (the real :class:`elastic.workers.RunningGroup`)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        group_id: str,
+        dest: LogsDest,
+        private_dir: str,
+        oom_before: OomCounters,
+        kill_timeout: float,
+    ) -> None:
+        self._loop = loop
+        self.group_id = group_id
+        self.logs = dest
+        self._private_dir = private_dir
+        self._oom_before = oom_before
+        self._kill_timeout = kill_timeout
+        self._workers: dict[int, _Worker] = {}
+        self._exits: asyncio.Queue[WorkerExit] = asyncio.Queue()
+        self._stop_task: asyncio.Task[list[WorkerExit]] | None = None
+        self._stopping = False
+        self._stop_exits: list[WorkerExit] = []
+        self._sinks: dict[int, TeeSink] = {}
+        self._adopted: dict[int, proctree.ProcHandle] = {}
+
+    # -- RunningGroup --------------------------------------------------------------------
+
+    def pids(self) -> dict[int, int]:
+        return {r: w.pid for r, w in sorted(self._workers.items())}
+
+    def running(self) -> frozenset[int]:
+        return frozenset(r for r, w in self._workers.items() if not w.done.done())
+
+    async def next_exit(self) -> WorkerExit:
+        """The next exit not yet returned, in exit order.
+
+        Raises ``RuntimeError`` if every worker's exit was already returned (waiting
+        would never end).  Exits during ``stop()`` are queued here too.
+        """
+        if self._exits.empty() and not self.running():
+            raise RuntimeError(
+                "next_exit(): every worker of this group has exited and its exit was "
+                "already returned"
+            )
+        return await self._exits.get()
+
+    def signal(self, sig: int, local_rank: int | None = None) -> None:
+        """Send ``sig`` to one worker process (or each), not its descendants."""
+        targets = self._workers.values() if local_rank is None else [self._workers[local_rank]]
+        for w in targets:
+            if not w.done.done() and w.handle.send(sig):
+                w.signals_sent.add(sig)
+
+    async def stop(self, grace: float, sig: int = _SIGTERM) -> list[WorkerExit]:
+        """Signal every worker's tree, wait up to ``grace``, SIGKILL the rest.
+
+        Returns once every worker and every descendant found is gone (or, for a process
+        stuck in the kernel, after ``kill_timeout`` more seconds, logged).  Returns the
+        exits that happened during the stop; they are also queued for ``next_exit``.
+        Calling it again waits for the first call and returns the same list.
+        """
+        if self._stop_task is None:
+            self._stop_task = self._loop.create_task(self._stop(grace, sig))
+        return await asyncio.shield(self._stop_task)
+
+    # -- exits ---------------------------------------------------------------------------
+
+    def _watch(self, w: _Worker) -> None:
+        self._loop.add_reader(w.handle.fd, self._on_exit, w)
+
+    def _on_exit(self, w: _Worker) -> None:
+        try:
+            info = os.waitid(os.P_PIDFD, w.handle.fd, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            info = None
+            code = -1  # reaped by someone else (a foreign waitpid(-1)): status is lost
+            logger.warning("worker pid %s was reaped by someone else; exit code unknown", w.pid)
+        else:
+            if info is None:
+                return  # spurious wake-up: not exited yet
+            code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        now = time.monotonic()
+        self._loop.remove_reader(w.handle.fd)
+        w.handle.exited = True
+        for fd in w.tee_fds:
+            self._drain(fd, final=False)
+        lr = w.launch.local_rank
+        cause = self._cause(w, code)
+        extra: dict[str, Any] = {}
+        value = None
+        if code == 0 and w.result_path is not None:
+            value, problem = _read_result(w.result_path)
+            if problem:
+                logger.warning("local_rank %s: return value recorded as None: %s", lr, problem)
+                extra["return_value_error"] = problem
+        error_file = w.error_file if w.error_file and os.path.isfile(w.error_file) else None
+        ex = WorkerExit(lr, code, now, cause, w.pid, value, error_file, extra)
+        w.done.set_result(ex)
+        self._exits.put_nowait(ex)
+        if self._stopping:
+            self._stop_exits.append(ex)
+        self._adopt_orphans()
+        if not self.running() and not self._stopping:
+            self._finish()
+
+    def _cause(self, w: _Worker, code: int) -> ExitCause:
+        if self._stopping:
+            return ExitCause.STOPPED_BY_AGENT
+        if code >= 0:
+            return ExitCause.EXITED
+        if -code in w.signals_sent:
+            return ExitCause.STOPPED_BY_AGENT
+        if -code == signal.SIGKILL:
+            verdict = oom_verdict(code, self._oom_before, read_oom_counters())
+            if verdict.oom:
+                return ExitCause.OOM_KILLED
+        return ExitCause.SIGNALED
+
+    def _adopt_orphans(self) -> None:
+        """Watch descendants re-parented to the agent (a subreaper) so their exits are reaped.
+
+        Without this a grandchild whose worker died first would stay a zombie of the
+        agent.  Event-driven: each adopted process is reaped when its pidfd fires.
+        """
+        me = os.getpid()
+        worker_pids = {w.pid for w in self._workers.values()}
+        found = proctree.tree_handles(
+            (),
+            (proctree.GROUP_MARKER, self.group_id),
+            exclude=worker_pids | self._adopted.keys(),
+        )
+        for pid, h in found.items():
+            try:
+                ours = _ppid(pid) == me
+            except OSError:
+                ours = False
+            if ours:
+                self._adopted[pid] = h
+                self._loop.add_reader(h.fd, self._on_adopted_exit, h)
+            else:
+                h.close()
+        # zombies in a worker's process group whose exit we never saw
+        for w in self._workers.values():
+            if w.done.done():
+                with contextlib.suppress(ChildProcessError, OSError):
+                    while os.waitid(os.P_PGID, w.pid, os.WEXITED | os.WNOHANG) is not None:
+                        pass
+
+    def _on_adopted_exit(self, h: proctree.ProcHandle) -> None:
+        self._loop.remove_reader(h.fd)
+        h.reap()
+        h.close()
+        self._adopted.pop(h.pid, None)
+
+    # -- logs ----------------------------------------------------------------------------
+
+    def _tee(self, fd: int, sink: TeeSink) -> None:
+        os.set_blocking(fd, False)
+        self._sinks[fd] = sink
+        self._loop.add_reader(fd, self._drain, fd, False)
+
+    def _drain(self, fd: int, final: bool) -> None:
+        """Copy what the pipe holds to its sink; close both at end of file (or if final)."""
+        sink = self._sinks.get(fd)
+        if sink is None:
+            return
+        eof = False
+        while True:
+            try:
+                chunk = os.read(fd, _READ_CHUNK)
+            except BlockingIOError:
+                break
+            if not chunk:
+                eof = True
+                break
+            sink.feed(chunk)
+            if not final:
+                break  # one chunk per wake-up: a chatty worker must not starve the loop
+        if eof or final:
+            self._loop.remove_reader(fd)
+            sink.close()
+            os.close(fd)
+            del self._sinks[fd]
+
+    # -- stop ----------------------------------------------------------------------------
+
+    def _live(self) -> list[_Worker]:
+        return [w for w in self._workers.values() if not w.done.done()]
+
+    def _tree(self, known: Mapping[int, proctree.ProcHandle]) -> dict[int, proctree.ProcHandle]:
+        worker_pids = {w.pid for w in self._workers.values()}
+        return proctree.tree_handles(
+            [w.pid for w in self._live()],
+            (proctree.GROUP_MARKER, self.group_id),
+            exclude=worker_pids | set(known),
+        )
+
+    def _send_all(self, sig: int, victims: Mapping[int, proctree.ProcHandle]) -> None:
+        for w in self._live():
+            # the group first: it reaches a child forked an instant ago, atomically
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(w.pid, sig)
+            w.handle.send(sig)
+        for v in victims.values():
+            if not v.exited:
+                v.send(sig)
+
+    async def _wait_gone(self, victims: Mapping[int, proctree.ProcHandle], timeout: float) -> bool:
+        """Wait until every live worker and victim has exited; False on timeout."""
+        waits: list[asyncio.Future[Any]] = [w.done for w in self._live()]
+        registered: list[int] = []
+        for v in victims.values():
+            if v.exited or v.fd < 0:
+                continue
+            fut: asyncio.Future[None] = self._loop.create_future()
+
+            def _fire(v: proctree.ProcHandle = v, fut: asyncio.Future[None] = fut) -> None:
+                v.exited = True
+                self._loop.remove_reader(v.fd)
+                if not fut.done():
+                    fut.set_result(None)
+
+            self._loop.add_reader(v.fd, _fire)
+            registered.append(v.fd)
+            waits.append(fut)
+        try:
+            if not waits:
+                return True
+            _, pending = await asyncio.wait(waits, timeout=max(timeout, 0.0))
+            return not pending
+        finally:
+            for fd in registered:
+                self._loop.remove_reader(fd)
+
+    async def _stop(self, grace: float, sig: int) -> list[WorkerExit]:
+        self._stopping = True
+        victims = self._tree({})
+        self._send_all(sig, victims)
+        await self._wait_gone(victims, grace)
+        deadline = time.monotonic() + self._kill_timeout
+        for _ in range(_KILL_ROUNDS):
+            victims = {p: v for p, v in victims.items() if not v.exited}
+            victims.update(self._tree(victims))
+            if not self._live() and not victims:
+                break
+            self._send_all(signal.SIGKILL, victims)
+            if not await self._wait_gone(victims, deadline - time.monotonic()):
+                logger.error(
+                    "processes %s survive SIGKILL (stuck in the kernel?); giving up on them",
+                    sorted({w.pid for w in self._live()} | set(victims)),
+                )
+                break
+        for v in victims.values():
+            v.reap()
+            v.close()
+        self._adopt_orphans()
+        self._finish()
+        return list(self._stop_exits)
+
+    def _finish(self) -> None:
+        """All workers are gone: flush the tee pipes and remove the private directory."""
+        for fd in list(self._sinks):
+            if self._stopping:
+                self._drain(fd, final=True)
+            # otherwise a tee'd stream still open is held by a surviving descendant: it
+            # keeps logging until its end of file
+        for w in self._workers.values():
+            w.handle.close()
+        shutil.rmtree(self._private_dir, ignore_errors=True)
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    # the command name may hold spaces and parentheses: fields start after the last ')'
+    return int(stat[stat.rindex(b")") + 2 :].split()[1])
+
+
+def _read_result(path: str) -> tuple[Any, str | None]:
+    """(value, None) or (None, why) from a function worker's JSON result file."""
+    try:
+        size = os.stat(path).st_size
+        if size > _fn_runner.MAX_RESULT_BYTES + 64:
+            return None, f"result file is {size} bytes (limit {_fn_runner.MAX_RESULT_BYTES})"
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except FileNotFoundError:
+        return None, "the worker wrote no result"
+    except (OSError, ValueError) as e:
+        return None, f"unreadable result file: {e}"
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    if not isinstance(data, dict):
+        return None, "malformed result file"
+    if "value" in data:
+        return data["value"], None
+    if "unserialisable" in data:
+        return None, (
+            f"a {data['unserialisable']} is not JSON-serialisable; return JSON values "
+            "(dict, list, str, int, float, bool, None) from worker functions"
+        )
+    if "too_large" in data:
+        return None, f"the JSON value is {data['too_large']} bytes, over the 1 MiB limit"
+    return None, "malformed result file"
+
+
+class ProcessWorkers:
+    """Starts groups of real worker processes on this node (see the module docstring).
+
+    One instance per agent: it owns the agent's marker and its reaper sidecar.  Call
+    :meth:`aclose` (or use ``async with``) when done; the sidecar then leaves quietly.
+    """
+
+    def __init__(
+        self,
+        logs_specs: LogsSpecs | None = None,
+        *,
+        role: str = "default",
+        start_method: StartMethod = "spawn",
+        log_line_prefix_template: str | None = None,
+        console_out: IO[str] | IO[bytes] | None = None,
+        console_err: IO[str] | IO[bytes] | None = None,
+        subreaper: bool = True,
+        reaper: bool = True,
+        kill_timeout: float = 10.0,
+    ) -> None:
+        if start_method not in ("spawn", "fork"):
+            raise ConfigError(
+                "--start-method", f"{start_method!r} is not supported: use spawn or fork"
+            )
+        if not hasattr(os, "pidfd_open"):
+            raise ElasticError("real workers need Linux ≥ 5.3 (pidfd_open) and Python ≥ 3.9")
+        self._logs_specs = logs_specs
+        self.role = role
+        self.start_method: StartMethod = start_method
+        self._template = log_line_prefix_template
+        self._console_out = console_out
+        self._console_err = console_err
+        self._subreaper = subreaper
+        self._kill_timeout = kill_timeout
+        self.instance = uuid.uuid4().hex
+        self._sidecar = ReaperSidecar(self.instance) if reaper else None
+        self._sidecar_fd: int | None = None
+        self._became_subreaper = False
+
+    @property
+    def logs_specs(self) -> LogsSpecs:
+        if self._logs_specs is None:
+            self._logs_specs = DefaultLogsSpecs()
+        return self._logs_specs
+
+    @property
+    def reaper_pid(self) -> int | None:
+        return self._sidecar.pid if self._sidecar is not None else None
+
+    async def __aenter__(self) -> ProcessWorkers:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Let the sidecar go (after the agent stopped its groups) and reap it."""
+        sidecar = self._sidecar
+        if sidecar is None or sidecar.pid is None:
+            return
+        fd = os.pidfd_open(sidecar.pid)
+        try:
+            sidecar.request_exit()
+            loop = asyncio.get_running_loop()
+            gone: asyncio.Future[None] = loop.create_future()
+
+            def _gone() -> None:
+                if not gone.done():
+                    gone.set_result(None)
+
+            loop.add_reader(fd, _gone)
+            try:
+                await asyncio.wait_for(gone, 5.0)
+            except TimeoutError:
+                os.kill(sidecar.pid, signal.SIGKILL)
+                await gone
+            finally:
+                loop.remove_reader(fd)
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PIDFD, fd, os.WEXITED)
+        finally:
+            os.close(fd)
+            sidecar.pid = None
+
+    async def start(self, launches: Sequence[WorkerLaunch]) -> ProcessGroup:
+        """Start one worker per launch (local ranks must be 0..n-1); return the group.
+
+        Raises :class:`ConfigError` for an entrypoint that cannot be started (missing
+        executable, a function spawn cannot find by name, arguments that are not JSON).
+        If a later worker fails to start, those already started are killed first.
+        """
+        loop = asyncio.get_running_loop()
+        ranks = sorted(la.local_rank for la in launches)
+        if ranks != list(range(len(launches))):
+            raise ValueError(f"local ranks must be 0..{len(launches) - 1}, got {ranks}")
+        by_rank = {la.local_rank: la for la in launches}
+        if self._subreaper and not self._became_subreaper:
+            self._became_subreaper = proctree.become_subreaper()
+        if self._sidecar is not None:
+            self._sidecar.start()
+
+        # the logs specs read run id and attempt from the env; they may only add
+        # TORCHELASTIC_ERROR_FILE to what the worker gets
+        reify_envs = {r: dict(la.env) for r, la in by_rank.items()}
+        for r, la in by_rank.items():
+            reify_envs[r].setdefault("TORCHELASTIC_RESTART_COUNT", str(la.attempt))
+        dest = self.logs_specs.reify(reify_envs)
+
+        group_id = uuid.uuid4().hex
+        private_dir = tempfile.mkdtemp(prefix="elastic_workers_")
+        group = ProcessGroup(
+            loop, group_id, dest, private_dir, read_oom_counters(), self._kill_timeout
+        )
+        try:
+            for r in range(len(launches)):
+                la = by_rank[r]
+                env = {**os.environ, **la.env}
+                env["TORCHELASTIC_ERROR_FILE"] = reify_envs[r].get("TORCHELASTIC_ERROR_FILE", "")
+                env[proctree.AGENT_MARKER] = self.instance
+                env[proctree.GROUP_MARKER] = group_id
+                w = self._start_one(loop, group, la, env, dest, private_dir)
+                group._workers[r] = w
+                group._watch(w)
+        except BaseException:
+            await group.stop(0.0, signal.SIGKILL)
+            raise
+        return group
+
+    # -- one worker ----------------------------------------------------------------------
+
+    def _header(self, la: WorkerLaunch) -> str:
+        if self._template:
+            return Template(self._template).safe_substitute(
+                role_name=self.role, rank=la.global_rank, local_rank=la.local_rank
+            )
+        return default_header(self.role, la.local_rank)
+
+    def _console(self, which: int) -> _Console:
+        if which == 1:
+            stream = self._console_out if self._console_out is not None else sys.stdout
+        else:
+            stream = self._console_err if self._console_err is not None else sys.stderr
+        return _Console(stream)
+
+    def _streams(
+        self, group: ProcessGroup, la: WorkerLaunch, dest: LogsDest
+    ) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+        """(child fd → agent fd to dup2, fds to close after the spawn, tee read fds)."""
+        r = la.local_rank
+        dups: list[tuple[int, int]] = []
+        to_close: list[int] = []
+        tee_fds: list[int] = []
+        for target, files, tees in (
+            (1, dest.stdouts, dest.tee_stdouts),
+            (2, dest.stderrs, dest.tee_stderrs),
+        ):
+            path = files.get(r, "")
+            tee_path = tees.get(r)
+            if tee_path is not None and tee_path != os.devnull:
+                read_fd, write_fd = os.pipe()
+                file = open(tee_path, "wb")  # noqa: SIM115  # owned by the TeeSink
+                group._tee(read_fd, TeeSink(file, self._console(target), self._header(la)))
+                dups.append((write_fd, target))
+                to_close.append(write_fd)
+                tee_fds.append(read_fd)
+            elif path:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                dups.append((fd, target))
+                to_close.append(fd)
+        return dups, to_close, tee_fds
+
+    def _start_one(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        group: ProcessGroup,
+        la: WorkerLaunch,
+        env: dict[str, str],
+        dest: LogsDest,
+        private_dir: str,
+    ) -> _Worker:
+        r = la.local_rank
+        args = substitute_local_rank(la.args, r)
+        result_path: str | None = None
+        fork_fn: Callable[..., Any] | None = None
+        if isinstance(la.entrypoint, str):
+            argv = [_resolve_executable(la.entrypoint, env), la.entrypoint, *map(str, args)]
+        else:
+            _check_json_args(args)
+            result_path = os.path.join(private_dir, f"result_{r}.json")
+            if self.start_method == "fork":
+                fork_fn = la.entrypoint
+                argv = []
+            else:
+                spec = _function_spec(la.entrypoint)
+                spec.update(args=args, result_path=result_path, sys_path=list(sys.path))
+                spec_path = os.path.join(private_dir, f"spec_{r}.json")
+                with open(spec_path, "w", encoding="utf-8") as f:
+                    json.dump(spec, f)
+                argv = [sys.executable, sys.executable, _RUNNER, spec_path]
+        dups, to_close, tee_fds = self._streams(group, la, dest)
+        try:
+            if fork_fn is not None:
+                assert result_path is not None
+                pid = self._fork(fork_fn, args, env, dups, result_path)
+            else:
+                pid = os.posix_spawn(
+                    sys.executable,
+                    [sys.executable, "-I", "-S", _SHIM, str(os.getpid()), *argv],
+                    env,
+                    file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in dups],
+                    setpgroup=0,
+                )
+        finally:
+            for fd in to_close:
+                os.close(fd)
+        handle = proctree.ProcHandle.open(pid)
+        if handle is None:  # cannot happen for an unreaped child; keep mypy and us honest
+            raise ElasticError(f"worker pid {pid} vanished before it could be watched")
+        return _Worker(
+            launch=la,
+            pid=pid,
+            handle=handle,
+            result_path=result_path,
+            error_file=env.get("TORCHELASTIC_ERROR_FILE") or None,
+            done=loop.create_future(),
+            tee_fds=tee_fds,
+            signals_sent=set(),
+        )
+
+    def _fork(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        env: dict[str, str],
+        dups: list[tuple[int, int]],
+        result_path: str,
+    ) -> int:
+        agent = os.getpid()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            with contextlib.suppress(OSError):  # the child may have done it already
+                os.setpgid(pid, pid)
+            return pid
+        code = 1
+        try:  # the child: never return into the agent's event loop
+            os.setpgid(0, 0)
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != agent:
+                os.kill(os.getpid(), signal.SIGKILL)
+            signal.set_wakeup_fd(-1)
+            for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE):
+                signal.signal(s, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            if self._sidecar is not None and self._sidecar.pipe_fd is not None:
+                os.close(self._sidecar.pipe_fd)  # the sidecar must see the agent's pipe close
+            for fd, target in dups:
+                os.dup2(fd, target)
+            os.environ.clear()
+            os.environ.update(env)
+            code = _fn_runner.run_function(fn, args, result_path)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()
+        finally:
+            os._exit(code)
+
+
+def _resolve_executable(entrypoint: str, env: Mapping[str, str]) -> str:
+    if os.sep in entrypoint:
+        if os.path.isfile(entrypoint) and os.access(entrypoint, os.X_OK):
+            return os.path.abspath(entrypoint)
+        raise ConfigError(
+            "entrypoint", f"{entrypoint!r} is not an executable file; give a program path"
+        )
+    found = shutil.which(entrypoint, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise ConfigError(
+            "entrypoint",
+            f"{entrypoint!r} was not found on the workers' PATH; give a program path or install it",
+        )
+    return found
+
+
+def _check_json_args(args: Sequence[Any]) -> None:
+    try:
+        json.dumps(list(args), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            "args",
+            f"function worker arguments must be JSON values (str, int, float, bool, None, "
+            f"list, dict), not pickled objects: {e}",
+        ) from None
+
+
+def _function_spec(fn: Callable[..., Any]) -> dict[str, Any]:
+    """How a spawned child finds ``fn`` again by name; ConfigError if it cannot."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    where = "entrypoint"
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        raise ConfigError(
+            where,
+            f"{fn!r} has no module-level name; with start method 'spawn' the entrypoint "
+            "must be a function defined at the top level of a module",
+        )
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        raise ConfigError(
+            where,
+            f"{module}.{qualname} is a lambda or a local function, which a spawned worker "
+            "cannot import; define it at the top level of a module (or use start method "
+            "'fork')",
+        )
+    spec: dict[str, Any] = {"module": module, "qualname": qualname}
+    owner: Any = sys.modules.get(module)
+    if module == "__main__":
+        main_path = getattr(owner, "__file__", None)
+        if not main_path:
+            raise ConfigError(
+                where,
+                f"__main__.{qualname} lives in an interactive session, which a spawned "
+                "worker cannot import; put it in a module (or use start method 'fork')",
+            )
+        spec["main_path"] = os.path.abspath(main_path)
+    obj = owner
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if obj is not fn:
+        raise ConfigError(
+            where,
+            f"{module}.{qualname} does not name this function (was it rebound or "
+            "decorated without functools.wraps?); a spawned worker finds it by name",
+        )
+    return spec
