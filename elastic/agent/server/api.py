@@ -260,6 +260,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._rounds = 0
         self._round = 0
         self._death_sig = 15
+        self.refused_start: str | None = None
         self.last_event_time: float = 0.0
 
     # -- properties the launcher and health server read -------------------------------
@@ -277,6 +278,10 @@ class SimpleElasticAgent(ElasticAgent):
     def running_pids(self) -> dict[int, int]:
         """local rank → pid of the running group (empty when none)."""
         return self._group.pids() if self._group is not None else {}
+
+    def detach_events(self) -> None:
+        """Send no more events (the simulator's node died under this agent)."""
+        self._events = ListSink()
 
     def set_death_signal(self, sig: int) -> None:
         """The signal the workers get when the agent is told to stop (SIGTERM by default)."""
@@ -336,6 +341,7 @@ class SimpleElasticAgent(ElasticAgent):
             self._emit("agent.graceful_exit")
             return None
         except WorkerStartRefused as e:
+            self.refused_start = str(e)
             self._worker_group.state = WorkerState.FAILED
             result = RunResult(state=WorkerState.FAILED, failures={-1: str(e)})
             return result

@@ -1,0 +1,114 @@
+"""Hang detection in the simulator, through the same code paths as real mode.
+
+Two paths, chosen by the scenario's ``job:`` settings:
+
+* ``timer: <after>`` — every training step runs inside ``expires(after=<after>)``.  Each
+  node's agent runs the real timer server core (:class:`elastic.timer.driver.TimerDriver`)
+  on the simulated clock.  Steps that finish release their timer, so only the step that
+  hangs matters: when a worker hangs, its client acquires ``"train_step"`` expiring
+  ``after`` seconds later (the hang is taken to happen at the start of a step — the
+  acquire/release of every completed step is not simulated, which would cost events and
+  change nothing).  At expiry the server reaps the worker (SIGKILL); the agent sees a
+  failed worker and applies its restart policy.
+* ``hang_timeout: <t>`` — workers beat once per step; a beat is computed from time, not
+  simulated.  When the world stops making progress (a hang, a crash, a partition), every
+  member stops beating; if the group is still running ``t`` later, the agent's health
+  watch declares it UNHEALTHY, naming the ranks that stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from elastic.agent.server import WorkerGroup
+from elastic.events import AgentEvent, EventSink
+from elastic.timer.driver import ClockTimerClient, TimerDriver
+from sim.clock import SimClock
+from sim.scenario import Scenario
+from sim.workers import SIGKILL_EXIT, SimWorker, Training, WState
+from sim.world import SimNode
+
+__all__ = ["health_watches_factory"]
+
+
+class SimHangWatch:
+    """The agent's progress watch: UNHEALTHY after ``hang_timeout`` without progress."""
+
+    def __init__(self, node: SimNode, clock: SimClock, hang_timeout: float) -> None:
+        self.node = node
+        self.clock = clock
+        self.hang_timeout = hang_timeout
+
+    async def wait_unhealthy(self, group: WorkerGroup) -> str:
+        workers = self.node.workers
+        sim_group = workers.group if workers is not None else None
+        if sim_group is None:
+            await self.clock.event().wait()  # nothing to watch: never fires
+        assert sim_group is not None
+        world = sim_group.world
+        await world.stalled.wait()
+        stalled_at = self.clock.now()
+        await self.clock.sleep(self.hang_timeout)
+        ranks = sorted(w.global_rank for w in sim_group.workers.values() if w.alive)
+        hung = sorted(w.global_rank for w in sim_group.workers.values() if w.state is WState.HUNG)
+        return (
+            f"no progress for {self.hang_timeout:g}s since t={stalled_at:g} "
+            f"from ranks {ranks}" + (f" (hung: {hung})" if hung else "")
+        )
+
+
+def health_watches_factory(
+    sc: Scenario, training: Training, clock: SimClock, events: EventSink
+) -> Callable[[SimNode], list[Any]]:
+    """The per-node health watches and timer servers the scenario asks for."""
+    timer_after = sc.job.timer
+    hang_timeout = sc.job.hang_timeout
+    drivers: dict[Any, tuple[TimerDriver, SimNode]] = {}
+
+    if timer_after is not None:
+
+        def on_hang(w: SimWorker, now: float) -> None:
+            entry = drivers.get(w.group.node)
+            if entry is None:
+                return
+            driver, _node = entry
+            ClockTimerClient(driver, w.pid, clock).acquire("train_step", now + timer_after)
+
+        training.on_hang.append(on_hang)
+
+    def make(node: SimNode) -> list[Any]:
+        if timer_after is not None:
+
+            async def reap(worker_id: Any, scope_id: str, expired_at: float) -> bool:
+                group = node.workers.group if node.workers is not None else None
+                if group is None:
+                    return True
+                for w in group.workers.values():
+                    if w.pid == worker_id and w.alive:
+                        events.emit(
+                            AgentEvent(
+                                t=clock.now(),
+                                node=node.id,
+                                kind="watchdog.kill_worker_process",
+                                rank=w.global_rank,
+                                fields={
+                                    "watchdog_event": "timer expired",
+                                    "scope_id": scope_id,
+                                    "expiration_time": expired_at,
+                                    "worker_pid": worker_id,
+                                    "signal": "SIGKILL",
+                                },
+                            )
+                        )
+                        group.kill_hung(w, SIGKILL_EXIT)
+                return True
+
+            driver = TimerDriver(clock, reap)
+            drivers[node.id] = (driver, node)
+            clock.spawn(driver.run(), name=f"timer-server-{node.id}")
+        if hang_timeout is not None:
+            return [SimHangWatch(node, clock, hang_timeout)]
+        return []
+
+    return make

@@ -1,0 +1,259 @@
+"""Run a scenario: build the simulated cluster, inject the faults, return the event log.
+
+A run is a pure function of (scenario, seed): randomness comes only from sub-generators
+of the seed, one per concern (faults here; nothing else draws yet), simpy orders
+simultaneous events by insertion, and nodes and faults are iterated in a fixed order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from simpy.events import AnyOf
+
+from elastic.events import AgentEvent, ListSink
+from elastic.rendezvous import get_rendezvous_handler
+from elastic.rendezvous.api import RendezvousContext, RendezvousHandler, RendezvousParameters
+from sim.clock import SimClock
+from sim.report import build_report
+from sim.scenario import Fault, FaultKind, RendezvousBackend, Scenario, expand_faults, fault_rng
+from sim.store import SimStoreHost
+from sim.workers import JobModel, Training
+from sim.world import Cluster, SimNode
+
+__all__ = ["SimResult", "simulate"]
+
+MASTER_PORT = 29500
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """The outcome of one run: the report (a JSON-able dict) and the event log."""
+
+    report: dict[str, Any]
+    events: list[AgentEvent]
+    faults: list[Fault]
+
+
+def _handler_factory(sc: Scenario) -> Any:
+    """Each node's rendezvous handler, built through the registry as real mode does."""
+    rdzv = sc.rendezvous
+    run_id = "sim"
+
+    def make(node: SimNode) -> RendezvousHandler:
+        c = node.cluster
+        assert node.store is not None
+        config: dict[str, Any] = {
+            "join_timeout": rdzv.join_timeout,
+            "last_call_timeout": rdzv.last_call_timeout,
+            "close_timeout": rdzv.close_timeout,
+            "heartbeat_timeout": rdzv.heartbeat_timeout,
+            "timeout": rdzv.join_timeout,
+            "master_port": MASTER_PORT,
+        }
+        if rdzv.backend is RendezvousBackend.STATIC:
+            config["rank"] = node.id
+        params = RendezvousParameters(
+            backend=rdzv.backend.value,
+            endpoint=f"node0:{MASTER_PORT}",
+            run_id=run_id,
+            min_nodes=rdzv.min_nodes,
+            max_nodes=rdzv.max_nodes,
+            **config,
+        )
+        ctx = RendezvousContext(
+            store=node.store,
+            clock=c.clock,
+            node_addr=f"node{node.id}",
+            node_id=f"node{node.id:06d}",
+        )
+        return get_rendezvous_handler(params, ctx)
+
+    return make
+
+
+def simulate(sc: Scenario, seed: int | None = None) -> SimResult:
+    """Run ``sc`` (with ``seed`` overriding the file's) and return its report and events."""
+    wall0 = time.perf_counter()
+    if seed is not None:
+        sc = sc.with_seed(seed)
+    faults = expand_faults(sc, fault_rng(sc.seed))
+    clock = SimClock()
+    sink = ListSink()
+    job = sc.job
+    model = JobModel(
+        steps=job.steps,
+        step_time=job.step_time,
+        startup_time=job.startup_time,
+        checkpoint_every=job.checkpoint_every,
+        checkpoint_time=job.checkpoint_time,
+        collective_timeout=job.collective_timeout,
+    )
+    training = Training(clock, model, sink)
+    host = SimStoreHost(clock, latency=sc.store.latency)
+    initial = sc.cluster.nodes + sc.cluster.spare_nodes
+    from sim.hangs import health_watches_factory
+
+    cluster = Cluster(
+        clock,
+        host,
+        training,
+        sink,
+        nproc_per_node=sc.cluster.nproc_per_node,
+        max_restarts=sc.agent.max_restarts,
+        monitor_interval=sc.agent.monitor_interval,
+        exit_barrier_timeout=sc.agent.exit_barrier_timeout,
+        shutdown_timeout=sc.agent.shutdown_timeout,
+        handler_factory=_handler_factory(sc),
+        health_watches=health_watches_factory(sc, training, clock, sink),
+    )
+    cluster.emit(
+        "sim.start",
+        name=sc.name,
+        seed=sc.seed,
+        nodes=sc.cluster.nodes,
+        spare_nodes=sc.cluster.spare_nodes,
+        nproc_per_node=sc.cluster.nproc_per_node,
+        steps=job.steps,
+        step_time=job.step_time,
+        until=sc.until,
+        backend=sc.rendezvous.backend.value,
+    )
+    for _ in range(initial):
+        cluster.add_node()
+    for n in list(cluster.nodes.values()):
+        cluster.start_node(n)
+    clock.spawn(_drive_faults(cluster, faults), name="faults")
+    deadline = clock.env.timeout(sc.until)
+    clock.env.run(until=AnyOf(clock.env, [cluster.finished._ev, deadline]))  # type: ignore[attr-defined]
+    reason = "done" if cluster.finished.is_set() else "until"
+    cluster.emit(
+        "sim.end",
+        reason=reason,
+        final_nodes=sum(1 for n in cluster.nodes.values() if n.alive),
+        steps_done=training.model.steps if training.done else training.ckpt_step,
+        best_step=training.best_step,
+        unobserved_errors=[f"{n}: {type(e).__name__}: {e}" for n, e in clock.unobserved],
+    )
+    sim_events = next(clock.env._eid)
+    report = build_report(sink.events)
+    report["sim_events"] = sim_events
+    report["wall_s"] = round(time.perf_counter() - wall0, 3)
+    return SimResult(report, list(sink.events), faults)
+
+
+async def _drive_faults(c: Cluster, faults: list[Fault]) -> None:
+    clock = c.clock
+    for i, f in enumerate(faults):
+        delay = f.at - clock.now()
+        if delay > 0:
+            await clock.sleep(delay)
+        if c.finished.is_set():
+            return
+        _apply(c, f, i)
+
+
+def _apply(c: Cluster, f: Fault, index: int) -> None:
+    clock = c.clock
+    fields: dict[str, Any] = {"fault": f.kind.value, "index": index}
+    node = c.nodes.get(f.node) if f.node is not None else None
+    if f.node is not None:
+        fields["target"] = f.node
+    applied = True
+    k = f.kind
+    if k is FaultKind.WORKER_CRASH or k is FaultKind.WORKER_HANG:
+        group = node.workers.group if node is not None and node.alive and node.workers else None
+        lr = f.local_rank or 0
+        fields["local_rank"] = lr
+        if group is None:
+            applied = False
+        elif k is FaultKind.WORKER_CRASH:
+            applied = group.crash(lr, f.exit_code if f.exit_code is not None else 1)
+        else:
+            applied = group.hang(lr)
+    elif k is FaultKind.NODE_CRASH:
+        applied = node is not None and node.alive
+        if node is not None:
+            node.crash()
+            if f.restart_after is not None:
+                clock.spawn(c.restart_later(node, f.restart_after), name=f"restart-{node.id}")
+    elif k is FaultKind.NODE_JOIN:
+        count = f.count or 1
+        new = [c.add_node() for _ in range(count)]
+        fields["nodes"] = [n.id for n in new]
+        for n in new:
+            c.start_node(n)
+    elif k is FaultKind.NODE_LEAVE:
+        applied = node is not None and node.alive
+        if node is not None:
+            clock.spawn(node.leave(), name=f"leave-{node.id}")
+    elif k is FaultKind.PREEMPTION:
+        applied = node is not None and node.alive
+        if node is not None:
+            clock.spawn(_preempt(node, f.notice or 0.0), name=f"preempt-{node.id}")
+    elif k is FaultKind.STORE_OUTAGE:
+        c.host.outage_start()
+        clock.spawn(_later(c, f.duration or 0.0, c.host.outage_end), name="outage")
+    elif k is FaultKind.NETWORK_PARTITION:
+        targets = [c.nodes[i] for i in (f.nodes or ()) if i in c.nodes]
+        fields["nodes"] = [n.id for n in targets]
+        for n in targets:
+            if n.store is not None:
+                n.store.partition_start()
+            if n.workers is not None and n.workers.group is not None:
+                world = n.workers.group.world
+                world.break_("network_partition")
+        clock.spawn(_later(c, f.duration or 0.0, lambda: _heal(targets)), name="heal")
+    elif k is FaultKind.SLOW_NODE:
+        if f.node is not None:
+            c.training.set_slow(f.node, f.factor or 1.0)
+            if f.duration is not None:
+                nid = f.node
+                clock.spawn(
+                    _later(c, f.duration, lambda: c.training.set_slow(nid, 1.0)), name="unslow"
+                )
+    elif k is FaultKind.GPU_ERROR:
+        applied = node is not None and node.alive
+        if node is not None and node.alive:
+            node.gpu_bad = True
+            group = node.workers.group if node.workers else None
+            if group is not None:
+                group.crash(f.local_rank or 0, -6)
+            if f.restart_after is not None:
+                clock.spawn(_repair(c, node, f.restart_after), name=f"repair-{node.id}")
+    fields["applied"] = applied
+    c.emit("sim.fault", **fields)
+
+
+async def _later(c: Cluster, after: float, fn: Any) -> None:
+    await c.clock.sleep(after)
+    fn()
+
+
+def _heal(nodes: list[SimNode]) -> None:
+    for n in nodes:
+        if n.store is not None:
+            n.store.partition_end()
+
+
+async def _preempt(node: SimNode, notice: float) -> None:
+    await node.cluster.clock.sleep(notice)
+    await node.leave()
+
+
+async def _repair(c: Cluster, node: SimNode, after: float) -> None:
+    """The node with a bad GPU is taken out, repaired, and boots a fresh agent."""
+    c.pending_starts += 1
+    try:
+        await c.clock.sleep(after)
+        node.gpu_bad = False
+        if node.alive:
+            node.crash()
+        if not c.finished.is_set():
+            c.emit("sim.node_restart", node=node.id)
+            c.start_node(node)
+    finally:
+        c.pending_starts -= 1
+        c.maybe_done()

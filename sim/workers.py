@@ -1,0 +1,436 @@
+"""Worker models: the workers port of the simulator, and the training job they run.
+
+Theory of operation
+-------------------
+Progress is computed from time, never simulated step by step: a 2-hour job costs a
+handful of events.  The workers of one rendezvous round form a :class:`World` (a
+collective).  The world starts training when all ``WORLD_SIZE`` workers have finished
+their ``startup_time``; from then on it advances from the job's last completed
+checkpoint at one step per ``step_time`` (times the slowest member node's slow-down
+factor), spending ``checkpoint_time`` after every ``checkpoint_every`` steps.  One event
+is scheduled: the moment the last step completes, when every member exits 0.
+
+A world breaks when a member dies, hangs or is stopped: progress up to that moment is
+kept only up to the last *completed* checkpoint, and the members that are still running
+make no more progress and, unless their agent stops them first, fail
+``collective_timeout`` later (NCCL's watchdog aborts them: exit code -6, SIGABRT).  A
+world that never gathers all its members fails the same way, ``collective_timeout``
+after its first member became ready.
+
+Identity: workers get synthetic pids, unique within a run, so event logs are
+deterministic.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from simpy.events import Event
+
+from elastic.clock import OneShot
+from elastic.events import AgentEvent, EventSink
+from elastic.workers import ExitCause, WorkerExit, WorkerLaunch
+from sim.clock import SimClock
+
+__all__ = ["JobModel", "SimGroup", "SimWorker", "SimWorkers", "Training", "World"]
+
+SIGABRT_EXIT = -6
+SIGKILL_EXIT = -9
+SIGTERM_EXIT = -15
+
+
+@dataclass(frozen=True, slots=True)
+class JobModel:
+    """The model of one worker's training run."""
+
+    steps: int
+    step_time: float
+    startup_time: float = 0.0
+    checkpoint_every: int = 0
+    checkpoint_time: float = 0.0
+    collective_timeout: float = 600.0
+    stop_time: float = 0.0  # how long a worker takes to exit after SIGTERM
+
+    def segment(self) -> float:
+        return self.checkpoint_every * self.step_time + self.checkpoint_time
+
+    def progress(self, s0: int, work: float) -> tuple[int, int]:
+        """(steps reached, last completed checkpoint) after ``work`` seconds from step ``s0``."""
+        if work <= 0:
+            return s0, s0
+        k = self.checkpoint_every
+        if k <= 0:
+            steps = s0 + math.floor(work / self.step_time + 1e-9)
+            return min(steps, self.steps), s0
+        seg = self.segment()
+        n_full = math.floor(work / seg + 1e-9)
+        rem = work - n_full * seg
+        in_seg = min(k, math.floor(rem / self.step_time + 1e-9))
+        steps = min(self.steps, s0 + n_full * k + in_seg)
+        ckpt = min(self.steps, s0 + n_full * k)
+        return steps, ckpt
+
+    def work_to_finish(self, s0: int) -> float:
+        """Seconds of work from step ``s0`` (a checkpoint) to the last step."""
+        remaining = max(0, self.steps - s0)
+        if remaining == 0:
+            return 0.0
+        k = self.checkpoint_every
+        n_ckpt = (math.ceil(remaining / k) - 1) if k > 0 else 0
+        return remaining * self.step_time + n_ckpt * self.checkpoint_time
+
+
+class WState(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    RUNNING = "running"
+    HUNG = "hung"
+    EXITED = "exited"
+
+
+class SimWorker:
+    """One simulated worker process."""
+
+    __slots__ = ("global_rank", "group", "local_rank", "pid", "state", "world")
+
+    def __init__(self, group: SimGroup, launch: WorkerLaunch, pid: int) -> None:
+        self.group = group
+        self.local_rank = launch.local_rank
+        self.global_rank = launch.global_rank
+        self.pid = pid
+        self.state = WState.STARTING
+        self.world: World | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.state is not WState.EXITED
+
+
+class WorldState(enum.Enum):
+    FORMING = "forming"
+    RUNNING = "running"
+    BROKEN = "broken"
+    DONE = "done"
+
+
+class Training:
+    """The job's shared state: the last completed checkpoint, and every world."""
+
+    def __init__(self, clock: SimClock, model: JobModel, events: EventSink) -> None:
+        self.clock = clock
+        self.model = model
+        self.events = events
+        self.ckpt_step = 0
+        self.best_step = 0
+        self.done = False
+        self.worlds: dict[int, World] = {}
+        self.slow: dict[Any, float] = {}  # node -> slow-down factor
+        self._pid = 1000
+        self.on_hang: list[Callable[[SimWorker, float], None]] = []
+
+    def next_pid(self) -> int:
+        self._pid += 1
+        return self._pid
+
+    def world_for(self, round_: int, size: int) -> World:
+        w = self.worlds.get(round_)
+        if w is None or w.size != size:
+            w = World(self, round_, size)
+            self.worlds[round_] = w
+        return w
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.events.emit(AgentEvent(t=self.clock.now(), node="sim", kind=kind, fields=fields))
+
+    def set_slow(self, node: Any, factor: float) -> None:
+        if factor <= 1.0:
+            self.slow.pop(node, None)
+        else:
+            self.slow[node] = factor
+        for w in list(self.worlds.values()):
+            if w.state is WorldState.RUNNING:
+                w.reschedule()
+
+
+class World:
+    """The collective formed by the workers of one rendezvous round."""
+
+    def __init__(self, training: Training, round_: int, size: int) -> None:
+        self.training = training
+        self.round = round_
+        self.size = size
+        self.members: dict[int, SimWorker] = {}
+        self.ready = 0
+        self.state = WorldState.FORMING
+        self.s0 = 0
+        self.work = 0.0  # seconds of work done since the world began, at t_mark
+        self.t_mark = 0.0
+        self.factor = 1.0
+        self._gen = 0  # invalidates scheduled completions
+        self._formation_armed = False
+        self.stalled: OneShot = training.clock.event()  # set when progress stops
+
+    # -- formation -------------------------------------------------------------------------
+    def join(self, w: SimWorker) -> None:
+        if self.state is not WorldState.FORMING:
+            # a worker arriving at a broken/finished world: it will time out like a
+            # process whose peers never come
+            w.world = self
+            self._arm_timeout_for([w])
+            return
+        self.members[w.global_rank] = w
+        w.world = self
+
+    def member_ready(self, w: SimWorker) -> None:
+        if w.world is not self or self.state is not WorldState.FORMING:
+            return
+        w.state = WState.READY
+        self.ready += 1
+        if not self._formation_armed:
+            self._formation_armed = True
+            self._arm_timeout_for(None)
+        if self.ready == self.size and len(self.members) == self.size:
+            self._begin()
+
+    def _arm_timeout_for(self, workers: list[SimWorker] | None) -> None:
+        clock = self.training.clock
+        gen = self._gen
+        ev = clock.env.timeout(self.training.model.collective_timeout)
+
+        def fire(_: Event) -> None:
+            if workers is None:
+                if self._gen != gen or self.state is not WorldState.FORMING:
+                    return
+                self.state = WorldState.BROKEN
+                self._fail_members(list(self.members.values()), "collective_init_timeout")
+            else:
+                self._fail_members(workers, "collective_timeout")
+
+        ev.callbacks.append(fire)
+
+    def _begin(self) -> None:
+        t = self.training
+        now = t.clock.now()
+        self.state = WorldState.RUNNING
+        self._gen += 1
+        self.s0 = t.ckpt_step
+        self.work = 0.0
+        self.t_mark = now
+        for m in self.members.values():
+            if m.state is WState.READY:
+                m.state = WState.RUNNING
+        t.emit("sim.world_running", round=self.round, world_size=self.size, from_step=self.s0)
+        self.reschedule()
+
+    # -- progress ----------------------------------------------------------------------------
+    def _node_factor(self) -> float:
+        slow = self.training.slow
+        if not slow:
+            return 1.0
+        nodes = {m.group.node for m in self.members.values()}
+        return max([slow.get(n, 1.0) for n in nodes] + [1.0])
+
+    def _advance(self) -> None:
+        now = self.training.clock.now()
+        self.work += (now - self.t_mark) / self.factor
+        self.t_mark = now
+
+    def reschedule(self) -> None:
+        """(Re)plan the completion event after a start or a change of speed."""
+        self._advance()
+        self.factor = self._node_factor()
+        self._gen += 1
+        gen = self._gen
+        model = self.training.model
+        left = max(0.0, model.work_to_finish(self.s0) - self.work) * self.factor
+        ev = self.training.clock.env.timeout(left)
+
+        def done(_: Event) -> None:
+            if self._gen == gen and self.state is WorldState.RUNNING:
+                self._finish()
+
+        ev.callbacks.append(done)
+
+    def _finish(self) -> None:
+        t = self.training
+        self.state = WorldState.DONE
+        t.ckpt_step = t.best_step = t.model.steps
+        t.done = True
+        t.emit("sim.progress", round=self.round, steps=t.model.steps, ckpt_step=t.model.steps)
+        t.emit("sim.world_done", round=self.round)
+        for m in sorted(self.members.values(), key=lambda m: m.global_rank):
+            if m.alive:
+                m.group._exit(m, 0, ExitCause.EXITED)
+
+    def _settle_progress(self) -> None:
+        t = self.training
+        self._advance()
+        steps, ckpt = t.model.progress(self.s0, self.work)
+        t.best_step = max(t.best_step, steps)
+        t.ckpt_step = max(t.ckpt_step, ckpt)
+        t.emit("sim.progress", round=self.round, steps=steps, ckpt_step=t.ckpt_step)
+
+    def break_(self, cause: str, culprit: SimWorker | None = None) -> None:
+        """A member died, hung or was stopped: the collective stops making progress."""
+        if self.state is WorldState.RUNNING:
+            self._settle_progress()
+        if self.state in (WorldState.RUNNING, WorldState.FORMING):
+            self.state = WorldState.BROKEN
+            self._gen += 1
+            self.stalled.set(self.training.clock.now())
+            self.training.emit("sim.world_broken", round=self.round, cause=cause)
+            survivors = [
+                m
+                for m in self.members.values()
+                if m.alive and m is not culprit and m.state is not WState.HUNG
+            ]
+            self._arm_timeout_for(survivors)
+
+    def _fail_members(self, workers: list[SimWorker], why: str) -> None:
+        for m in sorted(workers, key=lambda m: m.global_rank):
+            if m.alive:
+                m.group._exit(m, SIGABRT_EXIT, ExitCause.SIGNALED, reason=why)
+
+
+class SimGroup:
+    """A RunningGroup of simulated workers on one node."""
+
+    def __init__(self, port: SimWorkers, launches: Sequence[WorkerLaunch]) -> None:
+        self.port = port
+        self.node = port.node
+        t = port.training
+        self.workers: dict[int, SimWorker] = {}
+        self._exits: list[WorkerExit] = []
+        self._returned = 0
+        self._waiter: OneShot | None = None
+        size = int(launches[0].env.get("WORLD_SIZE", "0")) if launches else 0
+        world = t.world_for(launches[0].round if launches else 0, size)
+        for ln in launches:
+            w = SimWorker(self, ln, t.next_pid())
+            self.workers[ln.local_rank] = w
+            world.join(w)
+        self.world = world
+        ev = t.clock.env.timeout(t.model.startup_time)
+        ev.callbacks.append(self._started)
+
+    def _started(self, _: Event) -> None:
+        for w in self.workers.values():
+            if w.state is WState.STARTING and w.world is not None:
+                w.world.member_ready(w)
+
+    def _exit(self, w: SimWorker, code: int, cause: ExitCause, reason: str = "") -> None:
+        if not w.alive:
+            return
+        was = w.state
+        w.state = WState.EXITED
+        t = self.port.training
+        self._exits.append(
+            WorkerExit(
+                local_rank=w.local_rank,
+                exit_code=code,
+                time=t.clock.now(),
+                cause=cause,
+                pid=w.pid,
+                extra={"reason": reason} if reason else {},
+            )
+        )
+        if self._waiter is not None:
+            waiter, self._waiter = self._waiter, None
+            waiter.set()
+        if code != 0 and w.world is not None and was is not WState.HUNG:
+            w.world.break_(reason or cause.value, culprit=w)
+
+    # -- faults on workers ------------------------------------------------------------------
+    def crash(self, local_rank: int, exit_code: int) -> bool:
+        w = self.workers.get(local_rank)
+        if w is None or not w.alive:
+            return False
+        self._exit(
+            w,
+            exit_code,
+            ExitCause.EXITED if exit_code > 0 else ExitCause.SIGNALED,
+            reason="worker_crash",
+        )
+        return True
+
+    def hang(self, local_rank: int) -> bool:
+        w = self.workers.get(local_rank)
+        if w is None or not w.alive or w.state is WState.HUNG:
+            return False
+        world = w.world
+        w.state = WState.HUNG
+        if world is not None:
+            world.break_("worker_hang", culprit=w)
+        for cb in self.port.training.on_hang:
+            cb(w, self.port.training.clock.now())
+        return True
+
+    def kill_hung(self, w: SimWorker, code: int) -> None:
+        """The timer server killed a worker (it may be hung)."""
+        self._exit(w, code, ExitCause.SIGNALED, reason="timer_expired")
+
+    def lose_all(self) -> None:
+        """The node died under the workers."""
+        for w in list(self.workers.values()):
+            self._exit(w, SIGKILL_EXIT, ExitCause.LOST, reason="node_crash")
+
+    # -- the RunningGroup port --------------------------------------------------------------------
+    def pids(self) -> dict[int, int]:
+        return {lr: w.pid for lr, w in self.workers.items()}
+
+    def running(self) -> frozenset[int]:
+        return frozenset(lr for lr, w in self.workers.items() if w.alive)
+
+    async def next_exit(self) -> WorkerExit:
+        while self._returned >= len(self._exits):
+            if self._waiter is None:
+                self._waiter = self.port.training.clock.event()
+            await self._waiter.wait()
+        ex = self._exits[self._returned]
+        self._returned += 1
+        return ex
+
+    def signal(self, sig: int, local_rank: int | None = None) -> None:
+        targets = (
+            [self.workers[local_rank]] if local_rank is not None else list(self.workers.values())
+        )
+        for w in targets:
+            if w.alive and sig in (9, 15):
+                self._exit(w, -sig, ExitCause.STOPPED_BY_AGENT, reason="signal")
+
+    async def stop(self, grace: float, sig: int = 15) -> list[WorkerExit]:
+        live = [w for w in self.workers.values() if w.alive]
+        if not live:
+            return []
+        clock = self.port.training.clock
+        model = self.port.training.model
+        hung = [w for w in live if w.state is WState.HUNG]
+        # a hung worker ignores the graceful signal; the others exit after stop_time
+        delay = grace if hung else min(grace, model.stop_time)
+        if delay > 0:
+            await clock.sleep(delay)
+        before = len(self._exits)
+        for w in sorted(live, key=lambda w: w.local_rank):
+            if w.alive:
+                code = SIGKILL_EXIT if w.state is WState.HUNG else -sig
+                self._exit(w, code, ExitCause.STOPPED_BY_AGENT, reason="stopped_by_agent")
+        stopped = self._exits[before:]
+        self._returned = len(self._exits)
+        return stopped
+
+
+class SimWorkers:
+    """The workers port of one simulated node."""
+
+    def __init__(self, node: Any, training: Training) -> None:
+        self.node = node
+        self.training = training
+        self.group: SimGroup | None = None
+
+    async def start(self, launches: Sequence[WorkerLaunch]) -> SimGroup:
+        self.group = SimGroup(self, launches)
+        return self.group
