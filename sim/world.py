@@ -13,6 +13,7 @@ The run ends when no agent is running and no node start is pending, or at ``unti
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -112,10 +113,8 @@ class SimNode:
         self.alive = False
         if self.task is not None:
             self.task.cancel()
-            try:
+            with contextlib.suppress(BaseException):  # cancelled on purpose
                 await self.task.join()
-            except BaseException:
-                pass
         if self.store is not None:
             for lease in list(self.store._leases):
                 await lease.revoke()
