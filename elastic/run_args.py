@@ -1,0 +1,759 @@
+"""The command line of ``elastic run``: torchrun 2.13's flags, and the launch config.
+
+Every torchrun flag is accepted with both spellings (``--nproc-per-node`` and
+``--nproc_per_node``), and every one that torchrun lets the environment set reads
+``PET_<DEST>`` when the flag is absent (``PET_NPROC_PER_NODE=4``); switches read
+``PET_<DEST>`` as an integer, non-zero meaning on.  ``--logs-specs`` and
+``--numa-binding`` have no environment fallback, as in torch.  Our additions:
+``--hang-timeout`` (seconds without progress before the agent treats the group as hung)
+and ``--event-log`` (a file for the agent's JSON-lines events), both optional.
+
+:func:`config_from_args` applies torchrun's rules (``run`` + ``config_from_args``):
+
+* ``--standalone`` → backend ``c10d``, endpoint ``localhost:0``, a random run id,
+  whatever was given; a single-node ``static`` job with neither ``--rdzv-endpoint`` nor
+  ``--master-port`` gets the same (torch does this silently);
+* ``--master-port`` defaults to 29500; a static job's endpoint is
+  ``<master-addr>:<master-port>`` and its rendezvous config gets ``rank = --node-rank``;
+* ``--nproc-per-node``: an integer, ``cpu`` (CPUs this process may run on), ``gpu``
+  (GPUs visible through NVML and ``CUDA_VISIBLE_DEVICES``; an error if none), ``auto``
+  (GPUs if any, else CPUs);
+* ``OMP_NUM_THREADS=1`` for workers when unset and more than one worker per node.  It
+  is returned in ``LaunchConfig.extra_env`` for the launcher to add to each worker's
+  environment; unlike torch, ``os.environ`` is never changed here.
+
+Unlike torch, every bad value — on the command line or in a ``PET_`` variable — is a
+:class:`~elastic.errors.ConfigError` naming the flag (or variable), the value and what
+was expected, never a traceback; argparse's own errors exit with status 2 and one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntFlag
+from typing import Any, NoReturn
+
+from elastic.errors import ConfigError
+from elastic.rendezvous.utils import parse_rendezvous_config
+
+__all__ = [
+    "LaunchConfig",
+    "Std",
+    "config_from_args",
+    "determine_local_world_size",
+    "get_args_parser",
+    "parse",
+    "parse_args",
+    "parse_min_max_nnodes",
+    "run_script_path",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MASTER_PORT = 29500
+NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
+START_METHODS = ("spawn", "fork", "forkserver")
+
+_VALUE_RE = re.compile(r"^[0123]$")
+# torch accepts one-digit local ranks only (``\d:``); a node with 10+ workers needs more.
+_MAPPING_RE = re.compile(r"^(\d+:[0123],)*(\d+:[0123])$")
+
+
+class Std(IntFlag):
+    """Which standard streams: NONE=0, OUT=1, ERR=2, ALL=3 (torch's values; ``|`` works)."""
+
+    NONE = 0
+    OUT = 1
+    ERR = 2
+    ALL = OUT | ERR
+
+    @classmethod
+    def from_str(cls, vm: str) -> Std | dict[int, Std]:
+        """``"3"`` → ``Std.ALL``; ``"0:1,10:2"`` → ``{0: OUT, 10: ERR}``; else ValueError."""
+        if _VALUE_RE.match(vm):
+            return cls(int(vm))
+        if _MAPPING_RE.match(vm):
+            result: dict[int, Std] = {}
+            for item in vm.split(","):
+                rank, value = item.split(":")
+                result[int(rank)] = cls(int(value))
+            return result
+        raise ValueError(f"{vm} does not match: <{_VALUE_RE.pattern}> or <{_MAPPING_RE.pattern}>")
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchConfig:
+    """What to launch on this node: torch's ``LaunchConfig`` fields and defaults, plus ours.
+
+    After construction: ``rdzv_configs`` has ``"timeout"`` (``rdzv_timeout`` if not -1,
+    else 900 unless given), ``shutdown_timeout`` is an int ≥ 0 (None →
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` or 30).  The caller's ``rdzv_configs`` dict is
+    copied, not changed.  ``logs_specs`` is kept for callers of torch's API; ``elastic
+    run`` fills the plain fields below it instead, from which the launcher builds its
+    logs specs.
+    """
+
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    logs_specs: Any = None
+    run_id: str = ""
+    role: str = "default_role"
+    rdzv_endpoint: str = ""
+    rdzv_backend: str = "etcd"
+    rdzv_configs: dict[str, Any] = field(default_factory=dict)
+    rdzv_timeout: int = -1
+    max_restarts: int = 3
+    monitor_interval: float = 0.1
+    start_method: str = "spawn"
+    log_line_prefix_template: str | None = None
+    metrics_cfg: dict[str, str] = field(default_factory=dict)
+    local_addr: str | None = None
+    event_log_handler: str = "null"
+    #: torch's NumaOptions; here the ``--numa-binding`` mode name, or None.
+    numa_options: str | None = None
+    signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    duplicate_stdout_filters: list[str] | None = None
+    duplicate_stderr_filters: list[str] | None = None
+    virtual_local_rank: bool = False
+    shutdown_timeout: int | None = None
+    # --- beyond torch --------------------------------------------------------------
+    #: ``--log-dir`` (None: a temporary directory chosen by the launcher).
+    log_dir: str | None = None
+    redirects: Std | dict[int, Std] = Std.NONE
+    tee: Std | dict[int, Std] = Std.NONE
+    #: ``--local-ranks-filter``: local ranks shown on the console (None: all).
+    local_ranks_filter: frozenset[int] | None = None
+    #: ``--logs-specs``: an entry point name in group ``torchrun.logs_specs``.
+    logs_specs_name: str | None = None
+    #: ``--hang-timeout``: seconds without progress before a group counts as hung.
+    hang_timeout: float | None = None
+    #: ``--event-log``: file for the agent's JSON-lines events.
+    event_log: str | None = None
+    #: Variables to add to every worker's environment (e.g. OMP_NUM_THREADS=1).
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        configs = dict(self.rdzv_configs)
+        if self.rdzv_timeout != -1:
+            configs["timeout"] = self.rdzv_timeout
+        elif "timeout" not in configs:
+            configs["timeout"] = 900
+        object.__setattr__(self, "rdzv_configs", configs)
+        if self.shutdown_timeout is None:
+            raw = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ConfigError(
+                    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", f"got {raw!r}; expected whole seconds >= 0"
+                ) from None
+            where = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+        else:
+            value, where = self.shutdown_timeout, "--shutdown-timeout"
+        if value < 0:
+            raise ConfigError(where, f"got {value}; expected whole seconds >= 0")
+        object.__setattr__(self, "shutdown_timeout", value)
+
+
+# --- the parser ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _BadEnv:
+    """A ``PET_`` value that could not be used; raised only if the flag is not given."""
+
+    error: ConfigError
+
+
+def _env_default(
+    dest: str, default: Any, convert: Callable[[str], Any] | None, choices: Sequence[str] | None
+) -> Any:
+    name = f"PET_{dest.upper()}"
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if choices is not None and raw not in choices:
+        return _BadEnv(ConfigError(name, f"got {raw!r}; expected one of {', '.join(choices)}"))
+    if convert is None:
+        return raw
+    try:
+        return convert(raw)
+    except ValueError:
+        kind = {int: "an integer", float: "a number"}.get(convert, "a valid value")  # type: ignore[call-overload]
+        return _BadEnv(ConfigError(name, f"got {raw!r}; expected {kind}"))
+
+
+class _Env(argparse.Action):
+    """torch's ``env`` action: the default comes from ``PET_<DEST>`` when set."""
+
+    def __init__(self, dest: str, default: Any = None, **kwargs: Any) -> None:
+        default = _env_default(dest, default, kwargs.get("type"), kwargs.get("choices"))
+        super().__init__(dest=dest, default=default, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+
+
+def _switch(raw: str) -> bool:
+    return bool(int(raw))
+
+
+class _CheckEnv(argparse.Action):
+    """torch's ``check_env``: a switch, on by default if ``PET_<DEST>`` is a non-zero int."""
+
+    def __init__(self, dest: str, default: bool = False, **kwargs: Any) -> None:
+        name = f"PET_{dest.upper()}"
+        raw = os.environ.get(name)
+        value: bool | _BadEnv = default
+        if raw is not None:
+            try:
+                value = _switch(raw)
+            except ValueError:
+                value = _BadEnv(ConfigError(name, f"got {raw!r}; expected 0 (off) or 1 (on)"))
+        super().__init__(dest=dest, const=True, default=value, nargs=0, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, self.const)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not argparse's usage block: the flag and what was wrong.
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _comma_separated_list(value: str) -> list[str]:
+    # torch's rule: ",," stands for a literal comma.
+    placeholder = "\0"
+    return [item.replace(placeholder, ",") for item in value.replace(",,", placeholder).split(",")]
+
+
+def get_args_parser(prog: str = "elastic run") -> argparse.ArgumentParser:
+    """The parser: torchrun 2.13's flags, defaults and ``PET_`` fallbacks, plus ours."""
+    p = _Parser(prog=prog, description="Elastic training launcher (torchrun-compatible).")
+    add = p.add_argument
+    add("--nnodes", action=_Env, type=str, default="1:1", help="Number of nodes, or MIN:MAX.")
+    add(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        action=_Env,
+        type=str,
+        default="1",
+        help="Workers per node: an integer, cpu, gpu or auto.",
+    )
+    add(
+        "--rdzv-backend",
+        "--rdzv_backend",
+        action=_Env,
+        type=str,
+        default="static",
+        help="Rendezvous backend.",
+    )
+    add(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        action=_Env,
+        type=str,
+        default="",
+        help="Rendezvous endpoint, <host>[:<port>].",
+    )
+    add(
+        "--rdzv-id",
+        "--rdzv_id",
+        action=_Env,
+        type=str,
+        default="none",
+        help="Job id shared by the nodes of one job.",
+    )
+    add(
+        "--rdzv-conf",
+        "--rdzv_conf",
+        action=_Env,
+        type=str,
+        default="",
+        help="Rendezvous options, <key1>=<value1>,<key2>=<value2>,...",
+    )
+    add(
+        "--standalone",
+        action=_CheckEnv,
+        help="Single-node job: local c10d rendezvous on a free port; overrides --rdzv-*.",
+    )
+    add(
+        "--max-restarts",
+        "--max_restarts",
+        action=_Env,
+        type=int,
+        default=0,
+        help="Restarts of the worker group before the job fails.",
+    )
+    add(
+        "--monitor-interval",
+        "--monitor_interval",
+        action=_Env,
+        type=float,
+        default=0.1,
+        help="Seconds between checks that must be sampled (e.g. GPU health).",
+    )
+    add(
+        "--start-method",
+        "--start_method",
+        action=_Env,
+        type=str,
+        default="spawn",
+        choices=list(START_METHODS),
+        help="How function workers are started.",
+    )
+    add(
+        "--event-log-handler",
+        "--event_log_handler",
+        action=_Env,
+        type=str,
+        default="null",
+        help="Name of a registered event handler.",
+    )
+    add("--role", action=_Env, type=str, default="default", help="Role of the workers.")
+    add("-m", "--module", action=_CheckEnv, help="Run the script as a module, like python -m.")
+    add(
+        "--no-python",
+        "--no_python",
+        action=_CheckEnv,
+        help="Run the script directly, without python.",
+    )
+    add(
+        "--run-path",
+        "--run_path",
+        action=_CheckEnv,
+        help="Run the script with runpy.run_path; takes precedence over --no-python.",
+    )
+    add(
+        "--log-dir",
+        "--log_dir",
+        action=_Env,
+        type=str,
+        default=None,
+        help="Base directory for log files.",
+    )
+    add(
+        "-r",
+        "--redirects",
+        action=_Env,
+        type=str,
+        default="0",
+        help="Redirect streams to files: 0-3, or per local rank like 0:1,1:2.",
+    )
+    add(
+        "-t",
+        "--tee",
+        action=_Env,
+        type=str,
+        default="0",
+        help="Tee streams to files and console (same syntax as --redirects).",
+    )
+    add(
+        "--local-ranks-filter",
+        "--local_ranks_filter",
+        action=_Env,
+        type=str,
+        default="",
+        help="Show only these local ranks on the console, e.g. 0,1,2.",
+    )
+    add(
+        "--duplicate-stdout-filters",
+        "--duplicate_stdout_filters",
+        action=_Env,
+        type=_comma_separated_list,
+        default=[],
+        help="Copy stdout lines containing any of these (comma list; ,, escapes).",
+    )
+    add(
+        "--duplicate-stderr-filters",
+        "--duplicate_stderr_filters",
+        action=_Env,
+        type=_comma_separated_list,
+        default=[],
+        help="Copy stderr lines containing any of these (comma list; ,, escapes).",
+    )
+    add(
+        "--node-rank",
+        "--node_rank",
+        action=_Env,
+        type=int,
+        default=0,
+        help="Rank of this node (static rendezvous only).",
+    )
+    add(
+        "--master-addr",
+        "--master_addr",
+        action=_Env,
+        type=str,
+        default="127.0.0.1",
+        help="Address of the rank-0 node (static rendezvous only).",
+    )
+    add(
+        "--master-port",
+        "--master_port",
+        action=_Env,
+        type=int,
+        default=None,
+        help="Port on the rank-0 node (static rendezvous only); default 29500.",
+    )
+    add(
+        "--local-addr",
+        "--local_addr",
+        action=_Env,
+        type=str,
+        default=None,
+        help="Address of this node (default: its FQDN).",
+    )
+    add(
+        "--logs-specs",
+        "--logs_specs",
+        type=str,
+        default=None,
+        help="Entry point name in group torchrun.logs_specs.",
+    )
+    add(
+        "--numa-binding",
+        "--numa_binding",
+        type=str,
+        default=None,
+        choices=list(NUMA_BINDINGS),
+        help="Bind workers to CPUs near their GPU.",
+    )
+    add(
+        "--signals-to-handle",
+        "--signals_to_handle",
+        action=_Env,
+        type=str,
+        default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        help="Signals the agent forwards to workers.",
+    )
+    add(
+        "--shutdown-timeout",
+        "--shutdown_timeout",
+        action=_Env,
+        type=int,
+        default=None,
+        help="Seconds between SIGTERM and SIGKILL when stopping workers "
+        "(default: TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30).",
+    )
+    add(
+        "--virtual-local-rank",
+        "--virtual_local_rank",
+        action=_CheckEnv,
+        help="LOCAL_RANK=0 in every worker, each seeing only its GPU.",
+    )
+    add(
+        "--hang-timeout",
+        "--hang_timeout",
+        action=_Env,
+        type=float,
+        default=None,
+        help="Seconds without worker progress before the group counts as hung.",
+    )
+    add(
+        "--event-log",
+        "--event_log",
+        action=_Env,
+        type=str,
+        default=None,
+        help="File for the agent's events, one JSON object per line.",
+    )
+    add("training_script", type=str, help="The training script (or module, or program).")
+    add("training_script_args", nargs=argparse.REMAINDER)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse ``argv`` (default: ``sys.argv[1:]``).
+
+    Raises :class:`ConfigError` for a bad ``PET_`` value of a flag not given; argparse's
+    own errors exit with status 2 after one line on stderr.
+    """
+    ns = get_args_parser().parse_args(list(argv) if argv is not None else None)
+    for value in vars(ns).values():
+        if isinstance(value, _BadEnv):
+            raise value.error
+    return ns
+
+
+# --- from arguments to a launch config ----------------------------------------------
+
+
+def parse_min_max_nnodes(nnodes: str) -> tuple[int, int]:
+    """``"4"`` → (4, 4); ``"1:4"`` → (1, 4); checks 0 < MIN ≤ MAX."""
+    expected = "expected N or MIN:MAX with 0 < MIN <= MAX (e.g. 2 or 1:4)"
+    parts = nnodes.split(":")
+    try:
+        if len(parts) == 1:
+            lo = hi = int(parts[0])
+        elif len(parts) == 2:
+            lo, hi = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError(nnodes)
+    except ValueError:
+        raise ConfigError("--nnodes", f"got {nnodes!r}; {expected}") from None
+    if not 0 < lo <= hi:
+        raise ConfigError("--nnodes", f"got {nnodes!r}; {expected}")
+    return lo, hi
+
+
+def _cpu_count() -> int:
+    # CPUs this process may run on (taskset, cgroup cpusets), as torch._utils.cpu_count.
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def determine_local_world_size(
+    nproc_per_node: str,
+    gpu_count: Callable[[], int] | None = None,
+    cpu_count: Callable[[], int] | None = None,
+) -> int:
+    """Workers per node from ``--nproc-per-node``: an integer ≥ 1, cpu, gpu or auto.
+
+    ``gpu_count``/``cpu_count`` default to :func:`elastic.gpu.visible_device_count` and
+    the CPUs this process may use; tests pass their own.
+    """
+    if gpu_count is None:
+        from elastic.gpu import visible_device_count
+
+        gpu_count = visible_device_count
+    cpus = cpu_count or _cpu_count
+    where = "--nproc-per-node"
+    value = nproc_per_node.strip()
+    try:
+        n = int(value)
+    except ValueError:
+        pass
+    else:
+        if n < 1:
+            raise ConfigError(where, f"got {n}; expected a number of workers >= 1")
+        return n
+    if value == "cpu":
+        n, kind = cpus(), "CPUs"
+    elif value == "gpu":
+        n, kind = gpu_count(), "GPUs"
+        if n == 0:
+            raise ConfigError(
+                where,
+                "got 'gpu' but no GPU is visible (NVML not available, no GPU, or "
+                "CUDA_VISIBLE_DEVICES hides them all); expected an integer, cpu or auto",
+            )
+    elif value == "auto":
+        n, kind = gpu_count(), "GPUs"
+        if n == 0:
+            n, kind = cpus(), "CPUs"
+    else:
+        raise ConfigError(
+            where, f"got {nproc_per_node!r}; expected an integer >= 1, cpu, gpu or auto"
+        )
+    logger.info(
+        "Using nproc_per_node=%s, setting nproc_per_node to %s since the instance has %s %s",
+        value,
+        n,
+        n,
+        kind,
+    )
+    return n
+
+
+def _std(flag: str, value: str) -> Std | dict[int, Std]:
+    try:
+        return Std.from_str(value)
+    except ValueError:
+        raise ConfigError(
+            flag,
+            f"got {value!r}; expected 0, 1, 2 or 3 (none, stdout, stderr, both) "
+            "or a per-local-rank map like 0:3,1:0,10:1",
+        ) from None
+
+
+def _local_ranks(value: str) -> frozenset[int] | None:
+    if not value:
+        return None
+    try:
+        ranks = frozenset(int(x) for x in value.split(","))
+    except ValueError:
+        raise ConfigError(
+            "--local-ranks-filter",
+            f"got {value!r}; expected a comma-separated list of integers, e.g. 0,1,2",
+        ) from None
+    return ranks
+
+
+def run_script_path(training_script: str, *training_script_args: str) -> None:
+    """Run a script in this interpreter as ``__main__`` (``--run-path`` workers)."""
+    import runpy
+
+    sys.argv = [training_script, *training_script_args]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+def config_from_args(
+    args: argparse.Namespace,
+    *,
+    environ: Mapping[str, str] | None = None,
+    gpu_count: Callable[[], int] | None = None,
+    cpu_count: Callable[[], int] | None = None,
+    new_run_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+) -> tuple[LaunchConfig, Callable[..., Any] | str, list[str]]:
+    """(config, command, command args) from parsed arguments, with torchrun's rules.
+
+    Does what torchrun's ``run`` does to the arguments first (standalone and single-node
+    rewrites, master port 29500) on a copy: ``args`` is not changed.  ``environ``
+    (default ``os.environ``) is read for ``OMP_NUM_THREADS``, ``PYTHON_EXEC`` and
+    ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``; it is never written.  Raises
+    :class:`ConfigError` for any bad value.
+    """
+    env = os.environ if environ is None else environ
+    a = argparse.Namespace(**vars(args))
+    min_nodes, max_nodes = parse_min_max_nnodes(a.nnodes)
+    if a.standalone:
+        a.rdzv_backend, a.rdzv_endpoint, a.rdzv_id = "c10d", "localhost:0", new_run_id()
+        logger.info(
+            "Rendezvous info: --rdzv-backend=%s --rdzv-endpoint=%s --rdzv-id=%s",
+            a.rdzv_backend,
+            a.rdzv_endpoint,
+            a.rdzv_id,
+        )
+    elif (
+        a.rdzv_backend == "static"
+        and not a.rdzv_endpoint
+        and a.master_port is None
+        and max_nodes == 1
+    ):
+        a.rdzv_backend, a.rdzv_endpoint, a.rdzv_id = "c10d", "localhost:0", new_run_id()
+    if a.master_port is None:
+        a.master_port = DEFAULT_MASTER_PORT
+
+    if a.max_restarts < 0:
+        raise ConfigError("--max-restarts", f"got {a.max_restarts}; expected an integer >= 0")
+    if not a.monitor_interval > 0:
+        raise ConfigError("--monitor-interval", f"got {a.monitor_interval}; expected seconds > 0")
+    if a.hang_timeout is not None and not a.hang_timeout > 0:
+        raise ConfigError(
+            "--hang-timeout", f"got {a.hang_timeout}; expected seconds > 0 (or leave it out)"
+        )
+    if not 0 <= a.master_port <= 65535:
+        raise ConfigError("--master-port", f"got {a.master_port}; expected a port 0..65535")
+    if a.rdzv_backend != "static" and not a.rdzv_endpoint:
+        logger.warning(
+            "master_addr is only used for static rdzv_backend and when rdzv_endpoint "
+            "is not specified."
+        )
+    if a.node_rank != 0 and a.rdzv_backend != "static":
+        logger.warning(
+            "node_rank is only used for static rdzv_backend. It will be ignored "
+            "for rdzv_backend=%s.",
+            a.rdzv_backend,
+        )
+
+    nproc = determine_local_world_size(a.nproc_per_node, gpu_count, cpu_count)
+    extra_env: dict[str, str] = {}
+    if "OMP_NUM_THREADS" not in env and nproc > 1:
+        extra_env["OMP_NUM_THREADS"] = "1"
+        logger.warning(
+            "Setting OMP_NUM_THREADS environment variable for each process to be 1 in "
+            "default, to avoid your system being overloaded, please further tune the "
+            "variable for optimal performance in your application as needed."
+        )
+
+    try:
+        rdzv_configs: dict[str, Any] = dict(parse_rendezvous_config(a.rdzv_conf))
+    except ValueError as e:
+        raise ConfigError("--rdzv-conf", f"got {a.rdzv_conf!r}; {e}") from None
+    if a.rdzv_backend == "static":
+        if not 0 <= a.node_rank < max_nodes:
+            raise ConfigError(
+                "--node-rank",
+                f"got {a.node_rank}; expected 0..{max_nodes - 1} (one rank per node of --nnodes)",
+            )
+        rdzv_configs["rank"] = a.node_rank
+    endpoint = (
+        f"{a.master_addr}:{a.master_port}"
+        if a.rdzv_backend == "static" and not a.rdzv_endpoint
+        else a.rdzv_endpoint
+    )
+
+    config = LaunchConfig(
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        nproc_per_node=nproc,
+        run_id=a.rdzv_id,
+        role=a.role,
+        rdzv_endpoint=endpoint,
+        rdzv_backend=a.rdzv_backend,
+        rdzv_configs=rdzv_configs,
+        max_restarts=a.max_restarts,
+        monitor_interval=a.monitor_interval,
+        start_method=a.start_method,
+        log_line_prefix_template=env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
+        local_addr=a.local_addr,
+        event_log_handler=a.event_log_handler,
+        numa_options=a.numa_binding,
+        signals_to_handle=a.signals_to_handle,
+        duplicate_stdout_filters=a.duplicate_stdout_filters,
+        duplicate_stderr_filters=a.duplicate_stderr_filters,
+        virtual_local_rank=a.virtual_local_rank,
+        shutdown_timeout=a.shutdown_timeout,
+        log_dir=a.log_dir,
+        redirects=_std("--redirects", a.redirects),
+        tee=_std("--tee", a.tee),
+        local_ranks_filter=_local_ranks(a.local_ranks_filter),
+        logs_specs_name=a.logs_specs,
+        hang_timeout=a.hang_timeout,
+        event_log=a.event_log,
+        extra_env=extra_env,
+    )
+
+    cmd: Callable[..., Any] | str
+    cmd_args: list[str] = []
+    if a.run_path:
+        cmd = run_script_path
+        cmd_args.append(a.training_script)
+    elif not a.no_python:
+        cmd = env.get("PYTHON_EXEC", sys.executable)
+        cmd_args.append("-u")
+        if a.module:
+            cmd_args.append("-m")
+        cmd_args.append(a.training_script)
+    else:
+        if a.module:
+            raise ConfigError(
+                "--no-python", "cannot be used with -m/--module; expected one or the other"
+            )
+        cmd = a.training_script
+    cmd_args.extend(a.training_script_args)
+    return config, cmd, cmd_args
+
+
+def parse(
+    argv: Sequence[str] | None = None,
+) -> tuple[LaunchConfig, Callable[..., Any] | str, list[str]]:
+    """``elastic run``'s arguments → (config, command, command args).
+
+    Raises only :class:`ConfigError` (one line for the user); argparse's own errors exit
+    with status 2 after one line.
+    """
+    return config_from_args(parse_args(argv))
