@@ -1,0 +1,52 @@
+"""The ``elastic`` command.
+
+``elastic run`` is built in (torchrun's drop-in, :mod:`elastic.run`).  Other
+subcommands are plugins found through the ``elastic.commands`` entry-point group —
+``elastic sim`` comes from the simulator package this way, so the agent package never
+imports the simulator.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+
+__all__ = ["main"]
+
+USAGE = """usage: elastic {sim,run} ...
+
+  elastic sim SCENARIO.yaml [--seed N] [--json]   run a failure scenario in the simulator
+  elastic run [torchrun flags] SCRIPT [ARGS...]    launch real workers, like torchrun
+"""
+
+
+def _plugins() -> dict[str, Callable[[Sequence[str]], int]]:
+    return {ep.name: ep.load() for ep in entry_points(group="elastic.commands")}
+
+
+def run_main(argv: Sequence[str]) -> int:
+    launcher = importlib.import_module("elastic.run")
+    code: int = launcher.main(list(argv))
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0 if args else 2
+    cmd, rest = args[0], args[1:]
+    if cmd == "run":
+        return run_main(rest)
+    plugins = _plugins()
+    if cmd in plugins:
+        return plugins[cmd](rest)
+    known = ", ".join(sorted({"run", *plugins}))
+    print(f"elastic: unknown command {cmd!r}; expected one of {known}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
