@@ -1,0 +1,250 @@
+"""The dynamic rendezvous driver on the in-memory store, in both worlds (asyncio and simpy)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from elastic.clock import Clock
+from elastic.memstore import MemoryStore
+from elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousGracefulExitError,
+    RendezvousInfo,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from elastic.rendezvous.dynamic import (
+    DynamicRendezvousHandler,
+    RendezvousSettings,
+    RendezvousTimeout,
+)
+from tests.worlds import run_in
+
+# Small timeouts so the real world stays fast; the sim runs them exactly.
+LAST_CALL = 0.2
+TTL = 0.3
+
+
+def make(
+    clock: Clock,
+    store: MemoryStore,
+    ids: Sequence[str],
+    lo: int,
+    hi: int,
+    *,
+    join: float = 5.0,
+) -> list[DynamicRendezvousHandler]:
+    settings = RendezvousSettings("job", lo, hi, RendezvousTimeout(join, LAST_CALL, 1.0))
+    return [
+        DynamicRendezvousHandler(i, f"host-{i}", settings, "c10d", store, clock, lease_ttl=TTL)
+        for i in ids
+    ]
+
+
+async def join_all(clock: Clock, hs: Sequence[DynamicRendezvousHandler]) -> list[RendezvousInfo]:
+    tasks = [clock.spawn(h.next_rendezvous_async(), name=h.node_id) for h in hs]
+    return [await t.join() for t in tasks]
+
+
+def agree(infos: Sequence[RendezvousInfo], ids: Sequence[str]) -> None:
+    assert {i.world_size for i in infos} == {len(infos)}
+    assert {i.round for i in infos} == {infos[0].round}
+    assert {i.bootstrap_store_info for i in infos} == {infos[0].bootstrap_store_info}
+    by_id = sorted(ids)
+    assert [i.rank for i in infos] == [by_id.index(n) for n in ids]
+
+
+def test_nodes_joining_together_agree_on_round_world_and_ranks_sorted_by_id(world: str) -> None:
+    ids = ["n3", "n1", "n4", "n0", "n2"]
+
+    async def body(clock: Clock) -> tuple[list[RendezvousInfo], float]:
+        store = MemoryStore(clock)
+        t0 = clock.now()
+        infos = await join_all(clock, make(clock, store, ids, 3, 8))
+        return infos, clock.now() - t0
+
+    infos, took = run_in(world, body)
+    agree(infos, ids)
+    assert infos[0].bootstrap_store_info.master_addr == "host-n0"
+    assert took >= LAST_CALL  # below max_nodes the round waits for the last call
+    if world == "sim":
+        assert took == LAST_CALL
+
+
+def test_round_completes_at_once_when_max_nodes_join(world: str) -> None:
+    async def body(clock: Clock) -> float:
+        store = MemoryStore(clock)
+        t0 = clock.now()
+        await join_all(clock, make(clock, store, ["a", "b", "c"], 1, 3))
+        return clock.now() - t0
+
+    assert run_in(world, body) < LAST_CALL
+
+
+def test_late_joiner_makes_members_watch_return_nodes_waiting_then_joins_next_round(
+    world: str,
+) -> None:
+    async def body(clock: Clock) -> tuple[str, int, list[RendezvousInfo]]:
+        store = MemoryStore(clock)
+        a, b, late = make(clock, store, ["a", "b", "late"], 2, 4)
+        await join_all(clock, [a, b])
+        watch = clock.spawn(a.watch_async())
+        late_task = clock.spawn(late.next_rendezvous_async())
+        reason = await watch.join()
+        waiting = await b.num_nodes_waiting_async()
+        again = await join_all(clock, [a, b])
+        return reason, waiting, [*again, await late_task.join()]
+
+    reason, waiting, infos = run_in(world, body)
+    assert reason == "nodes_waiting" and waiting == 1
+    agree(infos, ["a", "b", "late"])
+    assert infos[0].round == 1
+
+
+def test_abandoned_lease_makes_survivors_watch_return_peer_lost_within_ttl(world: str) -> None:
+    async def body(clock: Clock) -> tuple[list[str], float, list[RendezvousInfo]]:
+        store = MemoryStore(clock)
+        hs = make(clock, store, ["a", "b", "c"], 2, 3)
+        await join_all(clock, hs)
+        watches = [clock.spawn(h.watch_async()) for h in hs[:2]]
+        t0 = clock.now()
+        lease = hs[2].lease
+        assert lease is not None
+        lease.abandon()  # node c dies
+        reasons = [await w.join() for w in watches]
+        took = clock.now() - t0
+        return reasons, took, await join_all(clock, hs[:2])
+
+    reasons, took, infos = run_in(world, body)
+    assert reasons == ["peer_lost", "peer_lost"]
+    assert TTL <= took < TTL + 0.5
+    agree(infos, ["a", "b"])
+
+
+def test_close_ends_the_job_for_members_and_is_a_graceful_exit_for_a_spare(world: str) -> None:
+    async def body(clock: Clock) -> tuple[str, BaseException | None, BaseException | None, bool]:
+        store = MemoryStore(clock)
+        a, b, spare = make(clock, store, ["a", "b", "spare"], 1, 2)
+        await join_all(clock, [a, b])
+        watch = clock.spawn(b.watch_async())
+        spare_task = clock.spawn(spare.next_rendezvous_async())
+        await clock.sleep(0.05)
+        await a.set_closed_async()
+        reason = await watch.join()
+        errs: list[BaseException | None] = []
+        for coro in (b.next_rendezvous_async(), spare_task.join()):
+            try:
+                await coro
+                errs.append(None)
+            except (RendezvousClosedError, RendezvousGracefulExitError) as e:
+                errs.append(e)
+        return reason, errs[0], errs[1], await spare.is_closed_async()
+
+    reason, member_err, spare_err, closed = run_in(world, body)
+    assert reason == "closed" and closed
+    assert type(member_err) is RendezvousClosedError
+    assert type(spare_err) is RendezvousGracefulExitError
+
+
+def test_corrupt_state_raises_state_error_naming_the_key(world: str) -> None:
+    async def body(clock: Clock) -> str:
+        store = MemoryStore(clock)
+        await store.set("elastic/rdzv/job/c/state", b"\x80pickle?")
+        (h,) = make(clock, store, ["a"], 1, 1)
+        with pytest.raises(RendezvousStateError) as e:
+            await h.next_rendezvous_async()
+        return str(e.value)
+
+    assert "'elastic/rdzv/job/c/state'" in run_in(world, body)
+
+
+def test_foreign_json_state_is_refused_not_trusted(world: str) -> None:
+    async def body(clock: Clock) -> str:
+        store = MemoryStore(clock)
+        await store.set("elastic/rdzv/job/c/state", b'{"version":1,"round":"0","closed":false}')
+        (h,) = make(clock, store, ["a"], 1, 1)
+        with pytest.raises(RendezvousStateError) as e:
+            await h.next_rendezvous_async()
+        return str(e.value)
+
+    assert "field 'round' must be int" in run_in(world, body)
+
+
+def test_below_min_nodes_times_out_after_join_timeout(world: str) -> None:
+    async def body(clock: Clock) -> float:
+        store = MemoryStore(clock)
+        (h,) = make(clock, store, ["a"], 2, 2, join=0.5)
+        t0 = clock.now()
+        with pytest.raises(RendezvousTimeoutError, match=r"join_timeout=0\.5s"):
+            await h.next_rendezvous_async()
+        return clock.now() - t0
+
+    assert 0.5 <= run_in(world, body) < 1.0
+
+
+def test_nodes_arriving_within_the_last_call_scale_up_in_one_round() -> None:
+    async def body(clock: Clock) -> list[RendezvousInfo]:
+        store = MemoryStore(clock)
+        hs = make(clock, store, ["a", "b", "c", "d"], 2, 8)
+        first = clock.spawn(join_all(clock, hs[:2]))
+        await clock.sleep(LAST_CALL / 2)
+        rest = await join_all(clock, hs[2:])
+        return [*(await first.join()), *rest]
+
+    infos = run_in("sim", body)
+    agree(infos, ["a", "b", "c", "d"])
+    assert infos[0].round == 0
+
+
+def test_a_spare_takes_the_place_of_a_dead_member_and_members_are_kept() -> None:
+    async def body(clock: Clock) -> tuple[list[RendezvousInfo], list[RendezvousInfo]]:
+        store = MemoryStore(clock)
+        a, b, c, spare = make(clock, store, ["a", "b", "c", "spare"], 2, 3)
+        first = await join_all(clock, [a, b, c])
+        spare_task = clock.spawn(spare.next_rendezvous_async())
+        watches = [clock.spawn(h.watch_async()) for h in (a, b)]
+        await clock.sleep(0.01)
+        lease = c.lease
+        assert lease is not None
+        lease.abandon()
+        for w in watches:
+            assert await w.join() == "peer_lost"
+        second = await join_all(clock, [a, b])
+        return first, [*second, await spare_task.join()]
+
+    first, second = run_in("sim", body)
+    agree(first, ["a", "b", "c"])
+    agree(second, ["a", "b", "spare"])
+    assert second[0].round == 1
+
+
+def test_a_running_round_writes_nothing_to_the_store() -> None:
+    async def body(clock: Clock) -> tuple[int, int]:
+        store = MemoryStore(clock)
+        hs = make(clock, store, ["a", "b", "c"], 3, 3)
+        await join_all(clock, hs)
+        watches = [clock.spawn(h.watch_async()) for h in hs]
+        await clock.sleep(0.01)
+        before = store.stats.bytes_written, store.revision
+        await clock.sleep(3600.0)  # an hour of training: no heartbeat traffic
+        for w in watches:
+            w.cancel()
+        return before[1], store.revision
+
+    before, after = run_in("sim", body)
+    assert before == after
+
+
+def test_same_membership_gives_same_ranks_in_every_round() -> None:
+    async def body(clock: Clock) -> list[list[int]]:
+        store = MemoryStore(clock)
+        hs = make(clock, store, ["z", "m", "a"], 3, 3)
+        out = []
+        for _ in range(3):
+            out.append([i.rank for i in await join_all(clock, hs)])
+        return out
+
+    ranks = run_in("sim", body)
+    assert ranks == [[2, 1, 0]] * 3
