@@ -452,8 +452,16 @@ def load_scenario_text(text: str, name: str = "<string>") -> Scenario:
         line = mark.line + 1 if mark is not None else 1
         what = " ".join(p for p in (error.context, error.problem) if p)
         raise ConfigError(f"{name}:{line}", f"YAML syntax error: {what}") from None
+    except yaml.reader.ReaderError as error:
+        line = text[: error.position].count("\n") + 1
+        code = error.character if isinstance(error.character, int) else ord(error.character)
+        raise ConfigError(
+            f"{name}:{line}",
+            f"got the character U+{code:04X}, which YAML does not allow; expected printable text",
+        ) from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{name}:1", f"YAML error: {error}") from None
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ConfigError(f"{name}:1", f"YAML error: {first}") from None
     except RecursionError:
         # PyYAML's composer recurses once per nesting level; no scenario nests this deep
         raise ConfigError(

@@ -711,3 +711,11 @@ def test_expectations_are_validated(expect: str, fragment: str) -> None:
     error = load_error(MINIMAL + f"expect: {expect}\n")
     assert error.where == "x.yaml:3"
     assert fragment in error.message, str(error)
+
+
+def test_control_character_is_refused_with_its_line() -> None:
+    error = load_error(MINIMAL + "name: a\x00b\n")
+    assert error.where == "x.yaml:3"
+    assert error.message == (
+        "got the character U+0000, which YAML does not allow; expected printable text"
+    )
