@@ -1,0 +1,588 @@
+"""The real workers port with real processes: exits, stop, process trees, orphans, logs.
+
+Every test has a time limit and the ``sweep`` fixture fails it if any process it started
+(or any process carrying its agent marker) is still alive afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from elastic.errors import ConfigError
+from elastic.multiprocessing.api import DefaultLogsSpecs, Std
+from elastic.real import proctree
+from elastic.real.workers import ProcessGroup, ProcessWorkers
+from elastic.workers import ExitCause, WorkerExit, WorkerLaunch
+
+PY = sys.executable
+
+
+# -- leftovers ---------------------------------------------------------------------------
+
+
+def _gone(pid: int) -> bool:
+    """Dead or a zombie; a zombie child of ours is reaped on the way."""
+    try:
+        p = psutil.Process(pid)
+        if p.status() != psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.NoSuchProcess:
+        return True
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    return True
+
+
+def wait_all_gone(pids: set[int], timeout: float) -> tuple[bool, float]:
+    """(all gone?, seconds it took); checks every 5 ms (test-side only)."""
+    t0 = time.monotonic()
+    while True:
+        if all(_gone(p) for p in pids):
+            return True, time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            return False, time.monotonic() - t0
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def sweep() -> Iterator[list[str]]:
+    """Yields a list to put agent instances in; fails the test if anything is left."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    instances: list[str] = []
+    yield instances
+    leftovers: set[int] = set()
+    deadline = time.monotonic() + 3.0
+    while True:
+        leftovers = {p.pid for p in me.children(recursive=True) if p.pid not in before}
+        for inst in instances:
+            leftovers |= proctree.pids_with_env(proctree.AGENT_MARKER, inst)
+        leftovers = {p for p in leftovers if not _gone(p)}
+        if not leftovers or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    for pid in leftovers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not leftovers, f"processes left behind: {sorted(leftovers)}"
+
+
+def make_workers(sweep: list[str], tmp_path: Path, **kw: Any) -> ProcessWorkers:
+    kw.setdefault("console_out", io.BytesIO())
+    kw.setdefault("console_err", io.BytesIO())
+    specs = kw.pop("logs_specs", None) or DefaultLogsSpecs(str(tmp_path / "logs"))
+    pw = ProcessWorkers(specs, **kw)
+    sweep.append(pw.instance)
+    return pw
+
+
+def launch(
+    rank: int, entrypoint: Any, *args: Any, env: dict[str, str] | None = None, attempt: int = 0
+) -> WorkerLaunch:
+    base = {"TORCHELASTIC_RUN_ID": "t", "LOCAL_RANK": str(rank)}
+    return WorkerLaunch(rank, rank, {**base, **(env or {})}, entrypoint, args, attempt)
+
+
+def py(code: str, *args: str) -> tuple[Any, ...]:
+    return (PY, "-c", textwrap.dedent(code), *args)
+
+
+async def wait_file(path: Path, timeout: float = 10.0) -> str:
+    """Test-side wait for a worker to say it is ready (it writes the file atomically)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        await asyncio.sleep(0.01)
+    return path.read_text()
+
+
+async def collect(group: ProcessGroup, n: int) -> list[WorkerExit]:
+    return [await asyncio.wait_for(group.next_exit(), 20) for _ in range(n)]
+
+
+# -- worker functions for function entrypoints (spawn finds them by name) ----------------
+
+
+def fn_add(x: int, y: int) -> dict[str, Any]:
+    return {"sum": x + y, "local_rank": int(os.environ["LOCAL_RANK"])}
+
+
+def fn_unserialisable() -> object:
+    return object()
+
+
+def fn_raise() -> None:
+    raise ValueError("boom in worker")
+
+
+def fn_exit(code: int) -> None:
+    sys.exit(code)
+
+
+# -- exits -------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_exit_codes_signals_and_order_are_reported(sweep: list[str], tmp_path: Path) -> None:
+    async def main() -> list[WorkerExit]:
+        async with make_workers(sweep, tmp_path) as pw:
+            group = await pw.start(
+                [
+                    launch(0, *py("import time, sys; time.sleep(0.6); sys.exit(3)")),
+                    launch(1, *py("import os; os.kill(os.getpid(), 9)")),
+                    launch(2, *py("import time; time.sleep(0.3)")),
+                ]
+            )
+            assert set(group.pids()) == {0, 1, 2}
+            exits = await collect(group, 3)
+            assert group.running() == frozenset()
+            with pytest.raises(RuntimeError, match="already returned"):
+                await group.next_exit()
+            await group.stop(1.0)
+            return exits
+
+    exits = asyncio.run(main())
+    assert [(e.local_rank, e.exit_code) for e in exits] == [(1, -9), (2, 0), (0, 3)]
+    assert [e.cause for e in exits] == [ExitCause.SIGNALED, ExitCause.EXITED, ExitCause.EXITED]
+    assert all(e.pid for e in exits)
+    assert exits[0].time <= exits[1].time <= exits[2].time
+
+
+@pytest.mark.timeout(60)
+def test_exit_is_reported_within_milliseconds_of_the_kernel(
+    sweep: list[str], tmp_path: Path
+) -> None:
+    """The worker writes CLOCK_MONOTONIC just before ``_exit``; the report follows at once."""
+    stamp = tmp_path / "stamp"
+    code = f"""
+        import os, time
+        t = time.monotonic()
+        open({str(stamp)!r}, "w").write(repr(t))
+        os._exit(7)
+    """
+
+    async def main() -> WorkerExit:
+        async with make_workers(sweep, tmp_path) as pw:
+            group = await pw.start([launch(0, *py(code))])
+            (ex,) = await collect(group, 1)
+            await group.stop(1.0)
+            return ex
+
+    ex = asyncio.run(main())
+    latency = ex.time - float(stamp.read_text())
+    assert ex.exit_code == 7
+    assert 0 <= latency < 0.1, f"exit reported {latency * 1000:.1f} ms after it happened"
+
+
+@pytest.mark.timeout(60)
+def test_signal_sent_by_agent_is_reported_as_stopped_by_agent(
+    sweep: list[str], tmp_path: Path
+) -> None:
+    async def main() -> WorkerExit:
+        async with make_workers(sweep, tmp_path) as pw:
+            group = await pw.start([launch(0, "sleep", "30")])
+            group.signal(signal.SIGUSR1, 0)
+            (ex,) = await collect(group, 1)
+            await group.stop(1.0)
+            return ex
+
+    ex = asyncio.run(main())
+    assert ex.exit_code == -signal.SIGUSR1
+    assert ex.cause is ExitCause.STOPPED_BY_AGENT
+
+
+# -- stop ---------------------------------------------------------------------------------
+
+IGNORE_TERM = """
+    import os, signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open(sys.argv[1] + ".tmp", "w").close(); os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_stop_kills_a_worker_that_ignores_sigterm_after_grace(
+    sweep: list[str], tmp_path: Path
+) -> None:
+    grace = 1.0
+
+    async def main() -> tuple[list[WorkerExit], float]:
+        async with make_workers(sweep, tmp_path) as pw:
+            ready = tmp_path / "ready"
+            group = await pw.start(
+                [
+                    launch(0, *py(IGNORE_TERM, str(ready))),
+                    launch(1, "sleep", "60"),
+                ]
+            )
+            await wait_file(ready)
+            t0 = time.monotonic()
+            exits = await group.stop(grace)
+            took = time.monotonic() - t0
+            assert group.running() == frozenset()
+            return exits, took
+
+    exits, took = asyncio.run(main())
+    by_rank = {e.local_rank: e for e in exits}
+    assert by_rank[0].exit_code == -signal.SIGKILL
+    assert by_rank[1].exit_code == -signal.SIGTERM
+    assert {e.cause for e in exits} == {ExitCause.STOPPED_BY_AGENT}
+    assert grace <= took < grace + 0.5, f"stop took {took:.3f} s for grace {grace}"
+
+
+@pytest.mark.timeout(60)
+def test_stop_returns_as_soon_as_workers_honour_sigterm(sweep: list[str], tmp_path: Path) -> None:
+    async def main() -> float:
+        async with make_workers(sweep, tmp_path) as pw:
+            group = await pw.start([launch(r, "sleep", "60") for r in range(4)])
+            t0 = time.monotonic()
+            exits = await group.stop(30.0)
+            assert sorted(e.exit_code for e in exits) == [-signal.SIGTERM] * 4
+            # the same exits are also queued for next_exit, once each
+            assert len(await collect(group, 4)) == 4
+            assert await group.stop(30.0) == exits  # a second stop is a no-op
+            return time.monotonic() - t0
+
+    assert asyncio.run(main()) < 1.0
+
+
+GRANDCHILD = """
+    import os, signal, sys, time
+    pidfile, worker_exits = sys.argv[1], sys.argv[2] == "1"
+    if os.fork() == 0:
+        os.setsid()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if os.fork() == 0:  # and a great-grandchild in the new session
+            time.sleep(60)
+            os._exit(0)
+        with open(pidfile + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pidfile + ".tmp", pidfile)
+        time.sleep(60)
+        os._exit(0)
+    if worker_exits:
+        while not os.path.exists(pidfile):
+            time.sleep(0.01)
+        sys.exit(5)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("worker_exits_first", [False, True], ids=["live-parent", "orphaned"])
+def test_stop_kills_a_setsid_grandchild_and_its_children(
+    sweep: list[str], tmp_path: Path, worker_exits_first: bool
+) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+
+    async def main() -> set[int]:
+        async with make_workers(sweep, tmp_path) as pw:
+            group = await pw.start(
+                [launch(0, *py(GRANDCHILD, str(pidfile), "1" if worker_exits_first else "0"))]
+            )
+            grandchild = int(await wait_file(pidfile))
+            family = {grandchild} | {c.pid for c in psutil.Process(grandchild).children()}
+            assert len(family) == 2
+            if worker_exits_first:
+                (ex,) = await collect(group, 1)
+                assert ex.exit_code == 5
+                assert all(not _gone(p) for p in family)  # orphans, still running
+            await group.stop(0.3)
+            return family
+
+    family = asyncio.run(main())
+    ok, _ = wait_all_gone(family, 0.0)
+    assert ok, "stop() returned while descendants were still alive"
+
+
+# -- no orphans when the agent dies ------------------------------------------------------
+
+AGENT = """
+    import asyncio, json, signal, sys
+    from elastic.multiprocessing.api import DefaultLogsSpecs
+    from elastic.real.workers import ProcessWorkers
+    from elastic.workers import WorkerLaunch
+
+    GRANDCHILD = {grandchild!r}
+
+    async def main():
+        log_dir, pidfile = sys.argv[1], sys.argv[2]
+        pw = ProcessWorkers(DefaultLogsSpecs(log_dir))
+        group = await pw.start([
+            WorkerLaunch(0, 0, {{}}, sys.executable, ("-c", GRANDCHILD, pidfile, "0")),
+            WorkerLaunch(1, 1, {{}}, "sleep", ("60",)),
+        ])
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        print(json.dumps({{"workers": sorted(group.pids().values()), "reaper": pw.reaper_pid,
+                          "instance": pw.instance}}), flush=True)
+        await stop.wait()
+        exits = await group.stop(0.5)
+        await pw.aclose()
+        print(json.dumps([[e.local_rank, e.exit_code, e.cause.value] for e in exits]), flush=True)
+
+    asyncio.run(main())
+"""
+
+
+def _start_agent(tmp_path: Path) -> tuple[subprocess.Popen[str], dict[str, Any], set[int]]:
+    script = tmp_path / "agent.py"
+    script.write_text(textwrap.dedent(AGENT).format(grandchild=textwrap.dedent(GRANDCHILD)))
+    pidfile = tmp_path / "grandchild.pid"
+    agent = subprocess.Popen(
+        [PY, str(script), str(tmp_path / "logs"), str(pidfile)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert agent.stdout is not None
+    info = json.loads(agent.stdout.readline())
+    deadline = time.monotonic() + 10
+    while not pidfile.exists():
+        assert time.monotonic() < deadline and agent.poll() is None
+        time.sleep(0.01)
+    grandchild = int(pidfile.read_text())
+    everyone = {*info["workers"], grandchild, info["reaper"]}
+    everyone |= {c.pid for c in psutil.Process(grandchild).children()}
+    assert len(everyone) == 5 and all(not _gone(p) for p in everyone)
+    return agent, info, everyone
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_of_the_agent_leaves_no_process_behind(sweep: list[str], tmp_path: Path) -> None:
+    agent, info, everyone = _start_agent(tmp_path)
+    sweep.append(info["instance"])
+    agent.kill()
+    agent.wait()
+    assert agent.stdout is not None
+    agent.stdout.close()  # not communicate(): a surviving worker would hold the pipe open
+    ok, took = wait_all_gone(everyone, 1.5)
+    assert ok, (
+        f"still alive 1.5 s after the agent's SIGKILL: {[p for p in everyone if not _gone(p)]}"
+    )
+    print(f"all {len(everyone)} processes gone {took * 1000:.0f} ms after the agent's SIGKILL")
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_of_the_agent_stops_every_worker_tree(sweep: list[str], tmp_path: Path) -> None:
+    agent, info, everyone = _start_agent(tmp_path)
+    sweep.append(info["instance"])
+    agent.send_signal(signal.SIGTERM)
+    out, _ = agent.communicate(timeout=20)
+    assert agent.returncode == 0
+    exits = json.loads(out)
+    assert sorted(exits) == [
+        [0, -signal.SIGTERM, "stopped_by_agent"],
+        [1, -signal.SIGTERM, "stopped_by_agent"],
+    ]
+    ok, _ = wait_all_gone(everyone, 1.0)
+    assert ok
+
+
+# -- entrypoints --------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_function_entrypoint_return_value_reaches_the_agent_as_json(
+    sweep: list[str], tmp_path: Path, start_method: str
+) -> None:
+    async def main() -> list[WorkerExit]:
+        async with make_workers(sweep, tmp_path, start_method=start_method) as pw:
+            group = await pw.start([launch(r, fn_add, 10, r) for r in range(2)])
+            exits = await collect(group, 2)
+            await group.stop(1.0)
+            return exits
+
+    exits = sorted(asyncio.run(main()), key=lambda e: e.local_rank)
+    assert [e.return_value for e in exits] == [
+        {"sum": 10, "local_rank": 0},
+        {"sum": 11, "local_rank": 1},
+    ]
+    assert [e.exit_code for e in exits] == [0, 0]
+
+
+@pytest.mark.timeout(60)
+def test_unserialisable_return_value_becomes_none_with_a_warning(
+    sweep: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> WorkerExit:
+        async with make_workers(sweep, tmp_path) as pw:
+            group = await pw.start([launch(0, fn_unserialisable)])
+            (ex,) = await collect(group, 1)
+            await group.stop(1.0)
+            return ex
+
+    with caplog.at_level(logging.WARNING, logger="elastic.real.workers"):
+        ex = asyncio.run(main())
+    assert ex.exit_code == 0 and ex.return_value is None
+    assert "not JSON-serialisable" in ex.extra["return_value_error"]
+    assert "not JSON-serialisable" in caplog.text
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_function_that_raises_writes_its_error_file(
+    sweep: list[str], tmp_path: Path, start_method: str
+) -> None:
+    async def main() -> list[WorkerExit]:
+        async with make_workers(sweep, tmp_path, start_method=start_method) as pw:
+            group = await pw.start([launch(0, fn_raise), launch(1, fn_exit, 4)])
+            exits = await collect(group, 2)
+            await group.stop(1.0)
+            return exits
+
+    raised, exited = sorted(asyncio.run(main()), key=lambda e: e.local_rank)
+    assert raised.exit_code == 1 and raised.error_file is not None
+    data = json.loads(Path(raised.error_file).read_text())
+    assert data["message"]["message"] == "ValueError: boom in worker"
+    assert raised.error_file.endswith("attempt_0/0/error.json")
+    assert exited.exit_code == 4 and exited.error_file is None
+
+
+def test_spawn_refuses_lambdas_and_local_functions(tmp_path: Path) -> None:
+    def local() -> None:
+        pass
+
+    async def main(fn: Callable[..., Any]) -> None:
+        pw = ProcessWorkers(DefaultLogsSpecs(str(tmp_path)), reaper=False, subreaper=False)
+        await pw.start([launch(0, fn)])
+
+    for fn in (lambda: None, local):
+        with pytest.raises(ConfigError, match="lambda or a local function") as info:
+            asyncio.run(main(fn))
+        assert info.value.where == "entrypoint"
+
+
+def test_missing_executable_is_a_one_line_config_error(tmp_path: Path) -> None:
+    async def main() -> None:
+        pw = ProcessWorkers(DefaultLogsSpecs(str(tmp_path)), reaper=False, subreaper=False)
+        await pw.start([launch(0, "no-such-program-xyz", "a")])
+
+    with pytest.raises(ConfigError, match="'no-such-program-xyz' was not found on the workers'"):
+        asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_local_rank_macro_and_environment_reach_the_worker(
+    sweep: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FROM_AGENT", "agent")
+    monkeypatch.setenv("OVERRIDDEN", "agent")
+    code = """
+        import json, os, sys
+        keys = ["FROM_AGENT", "OVERRIDDEN", "TORCHELASTIC_ERROR_FILE", "ELASTIC_AGENT_INSTANCE"]
+        print(json.dumps({"argv": sys.argv[1:], **{k: os.environ.get(k) for k in keys}}))
+    """
+
+    async def main() -> ProcessWorkers:
+        specs = DefaultLogsSpecs(str(tmp_path / "logs"), redirects=Std.OUT)
+        async with make_workers(sweep, tmp_path, logs_specs=specs) as pw:
+            group = await pw.start(
+                [
+                    launch(
+                        r, *py(code, "--rank=${local_rank}", "${other}"), env={"OVERRIDDEN": "spec"}
+                    )
+                    for r in range(2)
+                ]
+            )
+            await collect(group, 2)
+            await group.stop(1.0)
+            return pw
+
+    pw = asyncio.run(main())
+    assert isinstance(pw.logs_specs, DefaultLogsSpecs) and pw.logs_specs.run_log_dir
+    for r in range(2):
+        rank_dir = Path(pw.logs_specs.run_log_dir) / "attempt_0" / str(r)
+        seen = json.loads((rank_dir / "stdout.log").read_text())
+        assert seen == {
+            "argv": [f"--rank={r}", "${other}"],
+            "FROM_AGENT": "agent",
+            "OVERRIDDEN": "spec",
+            "TORCHELASTIC_ERROR_FILE": str(rank_dir / "error.json"),
+            "ELASTIC_AGENT_INSTANCE": pw.instance,
+        }
+
+
+# -- logs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_redirect_and_tee_write_files_and_prefixed_console_lines(
+    sweep: list[str], tmp_path: Path
+) -> None:
+    # rank 0: stdout tee'd, stderr to console; rank 1: all redirected; rank 2: tee'd but
+    # filtered out of the console
+    code = """
+        import sys, time
+        sys.stdout.write("partial "); sys.stdout.flush(); time.sleep(0.05)
+        sys.stdout.write("line\\nsecond line\\n"); sys.stdout.flush()
+        sys.stderr.write("to stderr\\n")
+    """
+    out, err = io.BytesIO(), io.BytesIO()
+    specs = DefaultLogsSpecs(
+        str(tmp_path / "logs"),
+        redirects={1: Std.ALL},
+        tee={0: Std.OUT, 2: Std.ALL},
+        local_ranks_filter={0, 1},
+    )
+
+    async def main() -> None:
+        async with make_workers(
+            sweep, tmp_path, logs_specs=specs, console_out=out, console_err=err, role="trainer"
+        ) as pw:
+            group = await pw.start([launch(r, *py(code), attempt=2) for r in range(3)])
+            await collect(group, 3)
+            await group.stop(1.0)
+
+    asyncio.run(main())
+    assert specs.run_log_dir is not None
+    attempt = Path(specs.run_log_dir) / "attempt_2"
+    assert out.getvalue() == b"[trainer0]:partial line\n[trainer0]:second line\n"
+    assert err.getvalue() == b""  # rank 0's stderr went to the real stderr, untouched
+    for r in (0, 1, 2):
+        assert (attempt / str(r) / "stdout.log").read_text() == "partial line\nsecond line\n"
+    assert (attempt / "1" / "stderr.log").read_text() == "to stderr\n"
+    assert (attempt / "2" / "stderr.log").read_text() == "to stderr\n"
+    assert not (attempt / "0" / "stderr.log").exists()
+
+
+@pytest.mark.timeout(60)
+def test_logs_of_a_failed_attempt_are_kept_next_to_the_new_one(
+    sweep: list[str], tmp_path: Path
+) -> None:
+    specs = DefaultLogsSpecs(str(tmp_path / "logs"), redirects=Std.ALL)
+
+    async def main() -> None:
+        async with make_workers(sweep, tmp_path, logs_specs=specs) as pw:
+            for attempt in (0, 1):
+                group = await pw.start(
+                    [launch(0, "/bin/sh", "-c", f"echo attempt {attempt}; exit 1", attempt=attempt)]
+                )
+                await collect(group, 1)
+                await group.stop(1.0)
+
+    asyncio.run(main())
+    assert specs.run_log_dir is not None
+    run = Path(specs.run_log_dir)
+    assert Path(specs.run_log_dir).name.startswith("t_")
+    for attempt in (0, 1):
+        assert (run / f"attempt_{attempt}" / "0" / "stdout.log").read_text() == (
+            f"attempt {attempt}\n"
+        )
