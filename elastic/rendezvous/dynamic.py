@@ -33,6 +33,7 @@ where rank 0 publishes MASTER_ADDR/MASTER_PORT.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from datetime import timedelta
@@ -197,6 +198,46 @@ def _field(key: str, obj: dict[str, Any], name: str, kind: type) -> Any:
     return value
 
 
+class _Corrupt(Exception):
+    """Why a value is not a valid rendezvous value (the caller adds the key)."""
+
+
+# Performance: in the simulator every node reads the same result value (the same bytes
+# object from the in-memory store), and decoding an N-member list on each of N nodes is
+# O(N^2) on one CPU.  bytes cache their hash, so this cache makes the repeat reads O(1);
+# the value is still checked in full, once.
+class _Members(tuple[str, ...]):
+    """Node ids in rank order, with an O(1) rank lookup (``in`` uses it too)."""
+
+    rank: dict[str, int]
+
+    def __new__(cls, ids: list[str]) -> _Members:
+        self = super().__new__(cls, ids)
+        self.rank = {m: i for i, m in enumerate(self)}
+        return self
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.rank
+
+
+@functools.lru_cache(maxsize=32)
+def _parse_result(raw: bytes, max_nodes: int) -> _Members | None:
+    try:
+        obj = _load("result", raw)
+    except RendezvousStateError as e:
+        raise _Corrupt(str(e).split(": ", 1)[1].split(". Another", 1)[0]) from None
+    if obj.get("closed") is True:
+        return None
+    members = obj.get("members")
+    if not isinstance(members, list) or not members:
+        raise _Corrupt("field 'members' must be a non-empty list of node ids")
+    if not all(isinstance(m, str) for m in members):
+        raise _Corrupt("field 'members' must be a non-empty list of node ids")
+    if len(set(members)) != len(members) or len(members) > max_nodes:
+        raise _Corrupt(f"{len(members)} members is not a valid membership")
+    return _Members(members)
+
+
 class DynamicRendezvousHandler(RendezvousHandler):
     """torch's ``DynamicRendezvousHandler`` over the store and clock ports.
 
@@ -261,7 +302,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._c = f"{self._base}/c/"
         self._lease: Lease | None = None
         self._round: int | None = None
-        self._members: tuple[str, ...] = ()
+        self._members = _Members([])
         self._redundant = False
 
     # -- keys ---------------------------------------------------------------------
@@ -301,7 +342,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 self._raise_closed()
             r = st.round
             raw = await self._store.try_get(self._rk(r, "result"))
-            members: tuple[str, ...] | None
+            members: _Members | None
             if raw is None:
                 members = await self._join_open_round(r, deadline)
             else:
@@ -320,7 +361,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if self._round is None:
             raise RuntimeError("watch_async() needs a completed next_rendezvous_async() first")
         r, members = self._round, self._members
-        i = members.index(self._node)
+        i = members.rank[self._node]
         succ = members[(i + 1) % len(members)] if len(members) > 1 else None
         ev = self._rk(r, "ev/")
         while True:
@@ -399,18 +440,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
             raise _corrupt(key, f"negative round {st.round}")
         return raw, st
 
-    def _decode_result(self, r: int, raw: bytes) -> tuple[str, ...] | None:
+    def _decode_result(self, r: int, raw: bytes) -> _Members | None:
         """The members of round ``r`` in rank order, or ``None`` if it was closed."""
-        key = self._rk(r, "result")
-        obj = _load(key, raw)
-        if obj.get("closed") is True:
-            return None
-        members = _field(key, obj, "members", list)
-        if not members or not all(isinstance(m, str) for m in members):
-            raise _corrupt(key, "field 'members' must be a non-empty list of node ids")
-        if len(set(members)) != len(members) or len(members) > self._core.max_nodes:
-            raise _corrupt(key, f"{len(members)} members is not a valid membership")
-        return tuple(members)
+        try:
+            members = _parse_result(raw, self._core.max_nodes)
+        except _Corrupt as e:
+            raise _corrupt(self._rk(r, "result"), str(e)) from None
+        return members
 
     async def _previous_members(self, r: int) -> tuple[str, ...]:
         if r == 0:
@@ -418,7 +454,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         raw = await self._store.try_get(self._rk(r - 1, "result"))
         return (self._decode_result(r - 1, raw) or ()) if raw is not None else ()
 
-    async def _join_open_round(self, r: int, deadline: float) -> tuple[str, ...] | None:
+    async def _join_open_round(self, r: int, deadline: float) -> _Members | None:
         """Join open round ``r``; decide it if it falls to us; return its members."""
         clock, store = self._clock, self._store
         mprefix = self._rk(r, "m/")
@@ -465,8 +501,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             attempt = clock.now()
             last_call_end = attempt + self._core.last_call_timeout
 
-    async def _finish(self, r: int, members: tuple[str, ...], deadline: float) -> RendezvousInfo:
-        rank = members.index(self._node)
+    async def _finish(self, r: int, members: _Members, deadline: float) -> RendezvousInfo:
+        rank = members.rank[self._node]
         self._round, self._members, self._redundant = r, members, False
         store = PrefixStore(self._store, f"{self._base}/s/{r}/")
         port = 0
