@@ -5,10 +5,12 @@ Theory of operation
 A worker's tree is every process it started, directly or not.  Three nets catch them,
 because each alone has holes:
 
-1. **parentage** — ``psutil`` children, recursively, of each live worker.  Misses a
-   descendant whose parent died (it is re-parented away), unless the agent is a child
-   subreaper (``PR_SET_CHILD_SUBREAPER``, see :func:`become_subreaper`), in which case
-   orphans are re-parented to the agent and stay in its tree.
+1. **parentage** — the children, recursively, of each live worker (one pass over
+   ``/proc/*/stat`` for all workers at once, where psutil would read all of ``/proc``
+   once per worker).  Misses a descendant whose parent died (it is re-parented away),
+   unless the agent is a child subreaper (``PR_SET_CHILD_SUBREAPER``, see
+   :func:`become_subreaper`): then orphans are re-parented to the agent and stay in
+   its tree.
 2. **process group** — each worker leads its own process group; ``killpg`` reaches every
    member atomically, even one forked a microsecond ago.  Misses anyone who called
    ``setsid()``/``setpgid()``.
@@ -33,14 +35,12 @@ import os
 import signal
 from collections.abc import Collection, Iterable
 
-import psutil
-
 __all__ = [
     "AGENT_MARKER",
     "GROUP_MARKER",
     "ProcHandle",
     "become_subreaper",
-    "descendants",
+    "proc_stat",
     "tree_handles",
     "env_has",
     "pids_with_env",
@@ -104,20 +104,6 @@ def pids_with_env(name: str, value: str, *, exclude: Collection[int] = ()) -> se
     return found
 
 
-def descendants(pid: int) -> set[int]:
-    """Pids of the live (non-zombie) descendants of ``pid`` by parentage."""
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return set()
-    alive: set[int] = set()
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            if child.status() != psutil.STATUS_ZOMBIE:
-                alive.add(child.pid)
-    return alive
-
-
 class ProcHandle:
     """A pidfd on one process: signal it safely, learn its exit, reap it if it is ours."""
 
@@ -163,38 +149,70 @@ class ProcHandle:
             self.fd = -1
 
 
+def proc_stat(pid: int) -> tuple[int, str, int] | None:
+    """(ppid, state, start time in clock ticks) from ``/proc/<pid>/stat``, or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # the command name may hold spaces and parentheses: the fields start after the last ")"
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    return int(fields[1]), fields[0].decode(), int(fields[19])
+
+
 def tree_handles(
     roots: Iterable[int], marker: tuple[str, str] | None, *, exclude: Collection[int] = ()
 ) -> dict[int, ProcHandle]:
     """Handles on every live descendant of ``roots`` and every process carrying ``marker``.
 
-    ``roots`` themselves and ``exclude`` are left out (the caller holds the roots).
+    ``roots`` themselves and ``exclude`` are left out (the caller holds the roots).  One
+    pass over ``/proc`` (about 20 µs per process on the machine), however many roots.
     """
-    skip = set(exclude) | set(roots) | {os.getpid()}
-    handles: dict[int, ProcHandle] = {}
-    for root in set(roots):
-        try:
-            children = psutil.Process(root).children(recursive=True)
-        except psutil.Error:
+    roots = set(roots)
+    skip = set(exclude) | roots | {os.getpid()}
+    needle = f"\0{marker[0]}={marker[1]}\0".encode() if marker is not None else None
+    children: dict[int, list[int]] = {}
+    seen: dict[int, int] = {}  # pid → start time, for the identity check after pidfd_open
+    marked: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
             continue
-        for child in children:
-            if child.pid in skip or child.pid in handles:
-                continue
-            h = ProcHandle.open(child.pid)
-            if h is None:
-                continue
-            try:
-                # is_running compares start times: the pid still names the process found
-                alive = child.is_running() and child.status() != psutil.STATUS_ZOMBIE
-            except psutil.Error:
-                alive = False
-            if alive:
-                handles[child.pid] = h
-            else:
-                h.close()
-    if marker is not None:
-        for pid in pids_with_env(*marker, exclude=skip | handles.keys()):
-            h = ProcHandle.open(pid, marker=marker)
-            if h is not None:
-                handles[pid] = h
+        pid = int(entry)
+        st = proc_stat(pid)
+        if st is None:
+            continue
+        ppid, state, start = st
+        children.setdefault(ppid, []).append(pid)
+        if state == "Z" or pid in skip:
+            continue
+        seen[pid] = start
+        if needle is not None:
+            data = _read_environ(pid)
+            if data and needle in b"\0" + data + b"\0":
+                marked.add(pid)
+    # descendants of a marked process belong to the tree too, even with a scrubbed env
+    found = set(marked)
+    visited: set[int] = set()
+    stack = [*roots, *marked]
+    while stack:
+        pid = stack.pop()
+        if pid in visited:
+            continue
+        visited.add(pid)
+        for child in children.get(pid, ()):
+            found.add(child)
+            stack.append(child)
+    handles: dict[int, ProcHandle] = {}
+    for pid in sorted(found):
+        if pid not in seen:
+            continue  # a zombie, or excluded
+        h = ProcHandle.open(pid)
+        if h is None:
+            continue
+        st = proc_stat(pid)
+        if st is None or st[2] != seen[pid] or st[1] == "Z":
+            h.close()  # exited, or its pid was recycled by another process since the scan
+            continue
+        handles[pid] = h
     return handles

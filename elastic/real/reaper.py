@@ -22,11 +22,11 @@ Three mechanisms, each covering what the one before cannot:
    (:mod:`elastic.real.proctree`).
 
 The sidecar runs in its own session (Ctrl-C in the terminal reaches the agent, which
-stops its workers, not the sidecar, which must outlive the agent) and ignores SIGINT and
-SIGHUP.  It holds no marker itself.  On a clean shutdown the agent writes ``q`` to the
-pipe and the sidecar exits without scanning.  A race closed at start-up: if the agent
-died before the sidecar opened its pidfd, ``getppid()`` is no longer the agent, and the
-sidecar kills at once.
+stops its workers, not the sidecar, which must outlive the agent) and ignores SIGINT,
+SIGHUP and SIGTERM (only SIGKILL ends it early).  It holds no marker itself.  On a clean
+shutdown the agent writes ``q`` to the pipe and the sidecar exits without scanning.
+A race closed at start-up: if the agent died before the sidecar opened its pidfd,
+``getppid()`` is no longer the agent, and the sidecar kills at once.
 
 What it cannot catch: a descendant that dropped the marker (started with a scrubbed
 environment) *and* left the worker's process group and session; processes of another
@@ -49,6 +49,7 @@ import time
 __all__ = ["MARKER", "ReaperSidecar", "kill_marked"]
 
 MARKER = "ELASTIC_AGENT_INSTANCE"
+_MARKERS = (MARKER, "ELASTIC_WORKER_GROUP")
 
 
 def _marked(needle: bytes, me: int) -> list[int]:
@@ -93,8 +94,10 @@ def kill_marked(value: str, *, max_rounds: int = 200) -> int:
 
 
 def _sidecar(agent_pid: int, value: str) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # it must outlive the agent: the terminal's or a parent launcher's shutdown signals are
+    # for the agent, which then stops its workers and lets this process go with "q"
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     try:
         pidfd: int | None = os.pidfd_open(agent_pid)
     except OSError:
@@ -141,7 +144,8 @@ class ReaperSidecar:
         if self.pid is not None:
             return self.pid
         r, w = os.pipe()
-        env = {k: v for k, v in os.environ.items() if k != MARKER}
+        # no marker of ours, nor of a launcher above us (it would count us as its worker's)
+        env = {k: v for k, v in os.environ.items() if k not in _MARKERS}
         try:
             pid = os.posix_spawn(
                 sys.executable,

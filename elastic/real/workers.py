@@ -157,6 +157,7 @@ class ProcessGroup:
         self._stop_exits: list[WorkerExit] = []
         self._sinks: dict[int, TeeSink] = {}
         self._adopted: dict[int, proctree.ProcHandle] = {}
+        self._adopt_scheduled = False
 
     # -- RunningGroup --------------------------------------------------------------------
 
@@ -234,7 +235,11 @@ class ProcessGroup:
         self._exits.put_nowait(ex)
         if self._stopping:
             self._stop_exits.append(ex)
-        self._adopt_orphans()
+        if not self._stopping and not self._adopt_scheduled:
+            # once per loop iteration however many workers exited in it (stop() adopts
+            # at its end itself)
+            self._adopt_scheduled = True
+            self._loop.call_soon(self._adopt_orphans)
         if not self.running() and not self._stopping:
             self._finish()
 
@@ -257,6 +262,7 @@ class ProcessGroup:
         Without this a grandchild whose worker died first would stay a zombie of the
         agent.  Event-driven: each adopted process is reaped when its pidfd fires.
         """
+        self._adopt_scheduled = False
         me = os.getpid()
         worker_pids = {w.pid for w in self._workers.values()}
         found = proctree.tree_handles(
@@ -266,7 +272,8 @@ class ProcessGroup:
         )
         for pid, h in found.items():
             try:
-                ours = _ppid(pid) == me
+                st = proctree.proc_stat(pid)
+                ours = st is not None and st[0] == me
             except OSError:
                 ours = False
             if ours:
@@ -404,13 +411,6 @@ class ProcessGroup:
         shutil.rmtree(self._private_dir, ignore_errors=True)
 
 
-def _ppid(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    # the command name may hold spaces and parentheses: fields start after the last ')'
-    return int(stat[stat.rindex(b")") + 2 :].split()[1])
-
-
 def _read_result(path: str) -> tuple[Any, str | None]:
     """(value, None) or (None, why) from a function worker's JSON result file."""
     try:
@@ -452,7 +452,7 @@ class ProcessWorkers:
         logs_specs: LogsSpecs | None = None,
         *,
         role: str = "default",
-        start_method: StartMethod = "spawn",
+        start_method: str = "spawn",
         log_line_prefix_template: str | None = None,
         console_out: IO[str] | IO[bytes] | None = None,
         console_err: IO[str] | IO[bytes] | None = None,
@@ -468,7 +468,7 @@ class ProcessWorkers:
             raise ElasticError("real workers need Linux ≥ 5.3 (pidfd_open) and Python ≥ 3.9")
         self._logs_specs = logs_specs
         self.role = role
-        self.start_method: StartMethod = start_method
+        self.start_method: StartMethod = "fork" if start_method == "fork" else "spawn"
         self._template = log_line_prefix_template
         self._console_out = console_out
         self._console_err = console_err
