@@ -1,0 +1,292 @@
+"""The agent's health-check server: HTTP ``/health`` and ``/metrics`` on a port.
+
+torch's path and names (``HealthCheckServer(alive_callback, port, timeout)``,
+``create_healthcheck_server``, ``start``/``stop``, ``alive_callback``); torch's OSS
+version is a stub that serves nothing — this one serves (a real adapter: stdlib
+``http.server`` in a daemon thread).
+
+Endpoints:
+
+* ``GET /health`` — 200 while ``now - alive_callback() <= timeout``, else 503 (also
+  503 if ``alive_callback`` raises: liveness cannot be shown).  The body is JSON:
+  ``{"status": "ok"|"stalled", "last_progress_time": t, "age_seconds": a,
+  "timeout_seconds": timeout, ...status_callback()}`` — the agent's callback adds
+  agent state, restart count, worker-group state and so on.
+* ``GET /metrics`` — Prometheus text format (version 0.0.4) of
+  ``metrics_callback()``: ``{name: number}`` or ``{name: {labels_str: number}}``
+  where ``labels_str`` is ``'role="trainer",rank="0"'``; plus
+  ``elastic_health_up`` and ``elastic_health_last_progress_time_seconds``.
+  Names are sanitised to Prometheus' alphabet.
+* ``HEAD`` of those paths: the same status, no body.  Anything else: unknown path
+  404, other methods 405 (with ``Allow``), a malformed request 400 (http.server's
+  parser).  An exception in a callback gives 500 for that request only; the server
+  goes on serving and the agent never sees it.
+
+It binds to 127.0.0.1 unless given ``host``; ``port=0`` picks a free port (read
+:attr:`HealthCheckServer.port` after ``start()``).  ``alive_callback`` returns
+seconds on the same time base as ``now`` (default wall-clock ``time.time``, torch's
+convention: ``int(time.time())``).
+
+Agent use (``TORCHELASTIC_HEALTH_CHECK_PORT``)::
+
+    server = create_healthcheck_server(alive_callback, port=int(port), timeout=60)
+    server.status_callback = lambda: {"state": ..., "restart_count": ...}
+    server.metrics_callback = lambda: {"elastic_restarts_total": ...}
+    server.start()
+    ...
+    server.stop()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["HealthCheckServer", "create_healthcheck_server"]
+
+log = logging.getLogger(__name__)
+
+Metrics = Mapping[str, float | int | bool | Mapping[str, float | int | bool]]
+
+_NAME_BAD = re.compile(r"[^a-zA-Z0-9_:]")
+_PATHS = ("/health", "/metrics")
+
+
+def _metric_name(name: str) -> str:
+    clean = _NAME_BAD.sub("_", name)
+    return clean if clean and not clean[0].isdigit() else f"_{clean}"
+
+
+def _metric_value(v: float | int | bool) -> str:
+    f = float(v)
+    if math.isnan(f):
+        return "NaN"
+    if math.isinf(f):
+        return "+Inf" if f > 0 else "-Inf"
+    return repr(int(f)) if f.is_integer() and abs(f) < 2**53 else repr(f)
+
+
+def render_metrics(metrics: Metrics) -> str:
+    """Prometheus text exposition (gauges), names sorted for stable output."""
+    lines: list[str] = []
+    for raw in sorted(metrics):
+        name = _metric_name(raw)
+        value = metrics[raw]
+        lines.append(f"# TYPE {name} gauge")
+        if isinstance(value, Mapping):
+            for labels in sorted(value):
+                lines.append(f"{name}{{{labels}}} {_metric_value(value[labels])}")
+        else:
+            lines.append(f"{name} {_metric_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+class HealthCheckServer:
+    """Serves ``/health`` and ``/metrics``; see the module docstring."""
+
+    def __init__(
+        self,
+        alive_callback: Callable[[], float],
+        port: int,
+        timeout: float,
+        *,
+        host: str = "127.0.0.1",
+        status_callback: Callable[[], Mapping[str, Any]] | None = None,
+        metrics_callback: Callable[[], Metrics] | None = None,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self._alive_callback = alive_callback
+        self._port = port
+        self._timeout = timeout
+        self._host = host
+        self.status_callback = status_callback
+        self.metrics_callback = metrics_callback
+        self._now = now
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def alive_callback(self) -> Callable[[], float]:
+        return self._alive_callback
+
+    @property
+    def port(self) -> int:
+        """The bound port (the chosen one when constructed with 0) once started."""
+        return self._httpd.server_address[1] if self._httpd is not None else self._port
+
+    def start(self) -> None:
+        """Bind and serve in a daemon thread (returns once listening)."""
+        if self._httpd is not None:
+            return
+        self._httpd = _Server((self._host, self._port), _Handler, self)
+        self._thread = threading.Thread(
+            target=self._serve, args=(self._httpd,), daemon=True, name="health-check-server"
+        )
+        self._thread.start()
+        log.info("health check server listening on %s:%s", self._host, self.port)
+
+    @staticmethod
+    def _serve(httpd: _Server) -> None:
+        # serve_forever wakes every poll_interval to look for shutdown; instead block
+        # in accept until a request comes, and let stop() wake us with a connection
+        while not httpd.stopping:
+            httpd.handle_request()
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            httpd.stopping = True
+            host, port = httpd.server_address[:2]
+            with contextlib.suppress(OSError):
+                socket.create_connection((str(host), int(port)), timeout=1).close()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            self._thread = None
+        if httpd is not None:
+            httpd.server_close()
+        log.info("Stopping health check server.")
+
+    # request logic (called from handler threads)
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        body: dict[str, Any] = {"timeout_seconds": self._timeout}
+        try:
+            last = float(self._alive_callback())
+        except Exception as e:
+            log.exception("health check: alive_callback failed")
+            body.update(status="unknown", error=f"alive_callback failed: {type(e).__name__}")
+            return HTTPStatus.SERVICE_UNAVAILABLE, body
+        age = self._now() - last
+        ok = age <= self._timeout
+        body.update(
+            status="ok" if ok else "stalled", last_progress_time=last, age_seconds=round(age, 3)
+        )
+        if self.status_callback is not None:
+            try:
+                extra = dict(self.status_callback())
+            except Exception as e:
+                log.exception("health check: status_callback failed")
+                extra = {"status_error": type(e).__name__}
+            body.update({k: v for k, v in extra.items() if k not in body})
+        return (HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE), body
+
+    def metrics(self) -> str:
+        extra: dict[str, Any] = {}
+        try:
+            last = float(self._alive_callback())
+            extra["elastic_health_last_progress_time_seconds"] = last
+            extra["elastic_health_up"] = int(self._now() - last <= self._timeout)
+        except Exception:
+            extra["elastic_health_up"] = 0
+        user = dict(self.metrics_callback()) if self.metrics_callback is not None else {}
+        return render_metrics({**user, **extra})
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(
+        self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], owner: HealthCheckServer
+    ) -> None:
+        self.owner = owner
+        self.stopping = False
+        super().__init__(addr, handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a broken client connection must not print tracebacks to the agent's stderr
+        log.debug("health check: error serving %s", client_address, exc_info=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    timeout = 5  # a slow or silent client cannot hold a thread for long
+    protocol_version = "HTTP/1.0"
+    server_version = "elastic-health"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("health check: " + format, *args)
+
+    def do_GET(self) -> None:
+        self._serve(body=True)
+
+    def do_HEAD(self) -> None:
+        self._serve(body=False)
+
+    def _not_allowed(self) -> None:
+        self._reply(
+            HTTPStatus.METHOD_NOT_ALLOWED,
+            b"method not allowed: use GET\n",
+            "text/plain",
+            True,
+            extra={"Allow": "GET, HEAD"},
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        # http.server answers 501 to a method it has no do_X for; any method other
+        # than GET/HEAD is "not allowed" here, whatever its name
+        if name.startswith("do_"):
+            return self._not_allowed
+        raise AttributeError(name)
+
+    def _serve(self, body: bool) -> None:
+        path = self.path.split("?", 1)[0]
+        owner = self.server.owner
+        try:
+            if path == "/health":
+                code, obj = owner.health()
+                data = (json.dumps(obj, sort_keys=True, default=str) + "\n").encode()
+                self._reply(code, data, "application/json", body)
+            elif path == "/metrics":
+                text = owner.metrics()
+                self._reply(
+                    HTTPStatus.OK, text.encode(), "text/plain; version=0.0.4; charset=utf-8", body
+                )
+            else:
+                self._reply(
+                    HTTPStatus.NOT_FOUND,
+                    b"not found: try /health or /metrics\n",
+                    "text/plain",
+                    body,
+                )
+        except Exception:
+            log.exception("health check: handler failed for %s", path)
+            self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n", "text/plain", body)
+
+    def _reply(
+        self,
+        code: int,
+        data: bytes,
+        ctype: str,
+        body: bool,
+        extra: Mapping[str, str] | None = None,
+    ) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+
+def create_healthcheck_server(
+    alive_callback: Callable[[], float],
+    port: int,
+    timeout: float,
+) -> HealthCheckServer:
+    """torch's factory: a :class:`HealthCheckServer` on 127.0.0.1:``port``."""
+    return HealthCheckServer(alive_callback, port, timeout)
