@@ -1,0 +1,468 @@
+"""torch's ``LocalElasticAgent``: the agent loop of :mod:`.api` on real processes.
+
+Theory of operation
+-------------------
+:class:`LocalElasticAgent` is a :class:`~elastic.agent.server.api.SimpleElasticAgent`
+whose ports are real: the clock is :class:`~elastic.real.clock.AsyncioClock`, the
+workers are :class:`~elastic.real.workers.ProcessWorkers` (pidfd-watched processes,
+torch's log layout, tree kill, a reaper sidecar).  What it adds around the loop, all
+set up once per :meth:`run_async` and torn down in its ``finally``:
+
+* **signals** — each signal named in ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (torchrun's
+  ``--signals-to-handle``; default ``SIGTERM,SIGINT,SIGHUP,SIGQUIT``) cancels the run;
+  the workers get the *same* signal, then SIGKILL after ``shutdown_timeout`` seconds,
+  and :meth:`run_async` raises :class:`SignalException` — torchrun's semantics (the
+  launcher exits 1).  Handlers go through the event loop (``add_signal_handler``), so
+  the exception is raised at an ``await``, never inside a store call;
+* **worker environment** — torch's table (``worker_env`` of the base class) plus
+  ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (inherited or ``"1"``), ``CUDA_VISIBLE_DEVICES``
+  (virtual local rank: the local rank's entry of the agent's list), the launcher's
+  ``extra_env`` (``OMP_NUM_THREADS``, ``TORCHELASTIC_SIGNALS_TO_HANDLE``),
+  ``TORCHELASTIC_TIMER_FILE`` and ``ELASTIC_PROGRESS_FILE`` when in use;
+* **file timers** — ``TORCHELASTIC_ENABLE_FILE_TIMER=1`` starts a
+  :class:`~elastic.timer.FileTimerServer` on ``TORCHELASTIC_TIMER_FILE`` (generated if
+  unset).  It may signal only the pids of the running group (updated at every start).
+  A reaped worker is an ordinary worker failure: the group restarts if restarts
+  remain.  Unlike torch, the agent never kills itself;
+* **hangs** — with ``hang_timeout``, each worker gets a progress pipe
+  (:mod:`elastic.progress`); a rank that beat once and then stays silent for
+  ``hang_timeout`` seconds makes the group UNHEALTHY (an ``agent.hang`` event names the
+  stuck local and global ranks), which restarts it like a failure;
+* **GPU health** — before every (re)start, :func:`elastic.gpu.check_node_health` when
+  NVML is present and sees GPUs; an unhealthy GPU refuses the start.  Without NVML the
+  CPU path runs and says so once;
+* **health endpoint** — ``TORCHELASTIC_HEALTH_CHECK_PORT`` serves ``/health`` from the
+  watchdog's last progress time (see :mod:`elastic.agent.server.health_check_server`).
+
+Failures are recorded as :class:`~elastic.multiprocessing.errors.ProcessFailure`
+(with the error file the worker's ``@record`` wrote), keyed by global rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from elastic.agent.server.api import (
+    DEFAULT_ROLE,
+    RunResult,
+    SimpleElasticAgent,
+    Worker,
+    WorkerGroup,
+    WorkerSpec,
+)
+from elastic.errors import ConfigError, ElasticError
+from elastic.events import EventSink
+from elastic.multiprocessing.api import LogsSpecs
+from elastic.multiprocessing.errors.report import failure_from_exit
+from elastic.workers import RunningGroup, WorkerExit
+
+__all__ = [
+    "DEFAULT_SIGNALS_TO_HANDLE",
+    "TORCHELASTIC_ENABLE_FILE_TIMER",
+    "TORCHELASTIC_HEALTH_CHECK_PORT",
+    "TORCHELASTIC_TIMER_FILE",
+    "LocalElasticAgent",
+    "SignalException",
+    "parse_signals",
+]
+
+logger = logging.getLogger(__name__)
+
+TORCHELASTIC_ENABLE_FILE_TIMER = "TORCHELASTIC_ENABLE_FILE_TIMER"
+TORCHELASTIC_TIMER_FILE = "TORCHELASTIC_TIMER_FILE"
+TORCHELASTIC_HEALTH_CHECK_PORT = "TORCHELASTIC_HEALTH_CHECK_PORT"
+DEFAULT_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
+class SignalException(ElasticError):
+    """The agent received a termination signal (torch's name; ``sigval`` is the signal).
+
+    Raised by :meth:`LocalElasticAgent.run` after the workers were stopped with the
+    same signal; ``elastic run`` exits 1, as torchrun does.
+    """
+
+    def __init__(self, msg: str, sigval: signal.Signals) -> None:
+        super().__init__(msg, sigval)
+        self.msg = msg
+        self.sigval = sigval
+
+    def __str__(self) -> str:
+        return self.msg
+
+
+def parse_signals(names: str) -> list[signal.Signals]:
+    """``"SIGTERM,SIGINT"`` → signals; unknown names are logged and skipped (as torch)."""
+    out: list[signal.Signals] = []
+    for raw in names.split(","):
+        name = raw.strip()
+        if not name:
+            continue
+        try:
+            sig = signal.Signals[name]
+        except KeyError:
+            logger.warning("Signal %s is not supported on this platform; not handling it", name)
+            continue
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            logger.warning("Signal %s cannot be handled; ignoring it", name)
+            continue
+        out.append(sig)
+    return out
+
+
+class _HangWatch:
+    """A :class:`~elastic.agent.server.api.HealthWatch` on the workers' progress beats."""
+
+    def __init__(self, agent: LocalElasticAgent, hang_timeout: float) -> None:
+        self._agent = agent
+        self.hang_timeout = hang_timeout
+
+    async def wait_unhealthy(self, group: WorkerGroup) -> str:
+        monitor = self._agent._progress_monitor
+        assert monitor is not None
+        stuck = await monitor.wait_stalled()
+        by_local = {w.local_rank: w for w in group.workers}
+        ranks = [by_local[r].global_rank for r in stuck if r in by_local]
+        self._agent._emit(
+            "agent.hang", local_ranks=stuck, ranks=ranks, hang_timeout=self.hang_timeout
+        )
+        return (
+            f"no progress for {self.hang_timeout:g}s from local rank(s) "
+            f"{', '.join(map(str, stuck))} (global rank(s) {', '.join(map(str, ranks))})"
+        )
+
+
+class LocalElasticAgent(SimpleElasticAgent):
+    """The single-node agent on real processes (torch's constructor, plus keywords).
+
+    Keywords beyond torch's: ``events`` (where agent events go), ``extra_env`` (added to
+    every worker's environment), ``hang_timeout`` (seconds; None: no hang detection),
+    ``signals_to_handle`` (default: ``TORCHELASTIC_SIGNALS_TO_HANDLE`` or torch's
+    default), ``gpu_check`` (False: skip the NVML pre-start check), ``node``.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        logs_specs: LogsSpecs | None = None,
+        start_method: str = "spawn",
+        exit_barrier_timeout: float = 300,
+        log_line_prefix_template: str | None = None,
+        shutdown_timeout: float = 30,
+        health_check_server: Any = None,
+        *,
+        events: EventSink | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        hang_timeout: float | None = None,
+        signals_to_handle: str | None = None,
+        gpu_check: bool = True,
+        node: int | str | None = None,
+    ) -> None:
+        from elastic.real.workers import ProcessWorkers
+
+        if start_method not in ("spawn", "fork", "forkserver"):
+            raise ConfigError(
+                "--start-method", f"got {start_method!r}; expected spawn, fork or forkserver"
+            )
+        if hang_timeout is not None and not hang_timeout > 0:
+            raise ConfigError("--hang-timeout", f"got {hang_timeout}; expected seconds > 0")
+        # forkserver has no meaning without torch.multiprocessing: a spawned child is the
+        # same guarantee (a fresh interpreter) for function entrypoints
+        method = "fork" if start_method == "fork" else "spawn"
+        workers = ProcessWorkers(
+            logs_specs,
+            role=spec.role,
+            start_method=method,
+            log_line_prefix_template=log_line_prefix_template,
+        )
+        self._hang = _HangWatch(self, hang_timeout) if hang_timeout is not None else None
+        super().__init__(
+            spec,
+            exit_barrier_timeout,
+            shutdown_timeout,
+            workers=workers,
+            events=events,
+            node=node if node is not None else _default_node(),
+            health_watches=[self._hang] if self._hang is not None else None,
+            pre_start_checks=[self._check_gpus] if gpu_check else None,
+            env_hooks=[self._torch_env],
+        )
+        self._process_workers = workers
+        self._logs_specs = workers.logs_specs
+        self._start_method = start_method
+        self._log_line_prefix_template = log_line_prefix_template
+        self._health_check_server = health_check_server
+        self._extra_env = dict(extra_env or {})
+        self._signals = parse_signals(
+            signals_to_handle
+            if signals_to_handle is not None
+            else os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", DEFAULT_SIGNALS_TO_HANDLE)
+        )
+        self._timer_server: Any = None
+        self._timer_file: str | None = os.environ.get(TORCHELASTIC_TIMER_FILE) or None
+        self._progress_source: Any = None
+        self._progress_monitor: Any = None
+        self._private_dir: str | None = None
+        self._groups: list[RunningGroup] = []
+        self._nvml_absent = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if spec.numa_options:
+            logger.warning("--numa-binding is not supported yet; workers are not bound")
+
+    # -- torch's API -------------------------------------------------------------------
+    @property
+    def logs_specs(self) -> LogsSpecs:
+        return self._logs_specs
+
+    @property
+    def reaper_pid(self) -> int | None:
+        """The pid of the sidecar that kills the workers if this agent dies."""
+        return self._process_workers.reaper_pid
+
+    @property
+    def timer_file(self) -> str | None:
+        """The file-timer pipe given to workers (None when timers are off and unset)."""
+        return self._timer_file
+
+    def get_last_progress_time(self) -> int:
+        """What ``/health`` reports: the watchdog's last progress time, else now."""
+        if self._timer_server is not None:
+            return int(self._timer_server.get_last_progress_time())
+        return int(_wall_time())
+
+    # -- the run -----------------------------------------------------------------------
+    async def run_async(self, role: str = DEFAULT_ROLE) -> RunResult | None:
+        """Run with signal handlers, timers, progress pipes and health endpoint set up."""
+        if self._clock is None:
+            from elastic.real.clock import AsyncioClock
+
+            self._clock = AsyncioClock()
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        me = asyncio.current_task()
+        received: list[signal.Signals] = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            if received:
+                return  # already shutting down; the grace period still applies
+            received.append(sig)
+            logger.info("Received %s death signal, shutting down workers", sig.name)
+            self.set_death_signal(int(sig))
+            if me is not None:
+                me.cancel()
+
+        installed: list[signal.Signals] = []
+        if threading.current_thread() is threading.main_thread():
+            for sig in self._signals:
+                try:
+                    loop.add_signal_handler(sig, on_signal, sig)
+                except (ValueError, RuntimeError, OSError) as e:
+                    logger.warning("cannot handle %s: %s", sig.name, e)
+                else:
+                    installed.append(sig)
+        else:
+            logger.warning(
+                "the agent is not on the main thread: it cannot handle termination signals "
+                "(its workers still die with it)"
+            )
+        try:
+            self._set_up()
+            return await super().run_async(role)
+        except asyncio.CancelledError:
+            if received:
+                sig = received[0]
+                raise SignalException(
+                    f"Process {os.getpid()} got signal: {int(sig)}", sigval=sig
+                ) from None
+            raise
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            await self._tear_down()
+
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult | None:
+        """Run the agent to the end on a fresh event loop; raises SignalException."""
+        from elastic.real.clock import run_sync
+
+        result: RunResult | None = run_sync(self.run_async(role))
+        return result
+
+    def _set_up(self) -> None:
+        spec = self._worker_group.spec
+        if os.environ.get(TORCHELASTIC_ENABLE_FILE_TIMER) == "1":
+            from elastic.timer.file_based_local_timer import FileTimerServer
+
+            if self._timer_file is None:
+                self._timer_file = os.path.join(
+                    tempfile.gettempdir(), f"watchdog_timer_{uuid.uuid4()}"
+                )
+            self._timer_server = FileTimerServer(
+                self._timer_file,
+                spec.rdzv_handler.get_run_id(),
+                max_interval=0.1,
+                log_event=self._log_watchdog_event,
+            )
+            self._timer_server.start()
+        if self._hang is not None:
+            from elastic.progress import FifoProgressSource, ProgressMonitor, ProgressWatcher
+
+            self._private_dir = tempfile.mkdtemp(prefix="elastic_agent_")
+            ranks = range(spec.local_world_size)
+            self._progress_source = FifoProgressSource(self._private_dir, ranks)
+            self._progress_monitor = ProgressMonitor(
+                self.clock, ProgressWatcher(self._hang.hang_timeout, ranks, self.clock.now())
+            )
+            assert self._loop is not None
+            self._progress_source.start(
+                self._progress_monitor.beat, self._loop.call_soon_threadsafe
+            )
+        self._start_health_check_server()
+
+    def _start_health_check_server(self) -> None:
+        port = os.environ.get(TORCHELASTIC_HEALTH_CHECK_PORT)
+        if self._health_check_server is None and port is not None:
+            try:
+                port_number = int(port)
+            except ValueError:
+                logger.error(
+                    "%s: got %r; expected a port number. Not serving /health",
+                    TORCHELASTIC_HEALTH_CHECK_PORT,
+                    port,
+                )
+                return
+            try:
+                from elastic.agent.server import health_check_server as hcs
+            except ImportError:
+                logger.warning("the health check server is not available; not serving /health")
+                return
+            self._health_check_server = hcs.create_healthcheck_server(
+                alive_callback=self.get_last_progress_time, port=port_number, timeout=60
+            )
+        if self._health_check_server is not None:
+            self._health_check_server.start()
+
+    async def _tear_down(self) -> None:
+        # a stop cut short by a signal is finished here: no worker outlives the run
+        for group in self._groups:
+            with contextlib.suppress(Exception):
+                await group.stop(self._shutdown_timeout, self._death_sig)
+        self._groups.clear()
+        if self._health_check_server is not None:
+            with contextlib.suppress(Exception):
+                self._health_check_server.stop()
+        if self._timer_server is not None:
+            self._timer_server.stop()
+            self._timer_server = None
+        if self._progress_source is not None:
+            self._progress_source.stop()
+            self._progress_source = None
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
+        await self._process_workers.aclose()
+
+    # -- hooks of the loop ---------------------------------------------------------------
+    async def _start_workers(self, wg: WorkerGroup) -> None:
+        if self._progress_monitor is not None:
+            self._progress_monitor.reset(range(wg.spec.local_world_size))
+        await super()._start_workers(wg)
+        if self._group is not None:
+            self._groups = [g for g in self._groups if g.running()] + [self._group]
+            if self._timer_server is not None:
+                self._timer_server.set_worker_pids(self._group.pids().values())
+
+    def _failure(self, ex: WorkerExit) -> Any:
+        return failure_from_exit(ex)
+
+    def _torch_env(self, wg: WorkerGroup, worker: Worker, env: dict[str, str]) -> None:
+        spec = wg.spec
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
+        )
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if spec.virtual_local_rank:
+            if visible is not None:
+                devices = visible.split(",")
+                if worker.local_rank >= len(devices):
+                    raise ConfigError(
+                        "CUDA_VISIBLE_DEVICES",
+                        f"got {visible!r}: no entry for local rank {worker.local_rank}; "
+                        "expected one device per worker with --virtual-local-rank",
+                    )
+                env["CUDA_VISIBLE_DEVICES"] = devices[worker.local_rank]
+            else:
+                env["CUDA_VISIBLE_DEVICES"] = str(worker.local_rank)
+        elif visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        for key, value in self._extra_env.items():
+            env.setdefault(key, value)
+        if self._timer_file is not None:
+            env[TORCHELASTIC_TIMER_FILE] = self._timer_file
+        if self._progress_source is not None:
+            env.update(self._progress_source.env_for(worker.local_rank))
+
+    async def _check_gpus(self) -> str | None:
+        """Refuse to start on unhealthy GPUs; None (go) without NVML or without GPUs."""
+        if self._nvml_absent:
+            return None  # NVML does not appear while the agent runs
+        from elastic.gpu import check_node_health, say_once
+
+        report = check_node_health()
+        if not report.nvml_available:
+            self._nvml_absent = True
+            say_once(f"{report.message}; GPU health checks are off", logger.info)
+            return None
+        if not report.gpus:
+            return None
+        self._emit("agent.gpu_check", healthy=report.healthy, message=report.message)
+        return None if report.healthy else report.message
+
+    def _log_watchdog_event(self, name: str, request: Any) -> None:
+        """torch's watchdog events, as ``agent.watchdog`` events (from any thread)."""
+        fields: dict[str, Any] = {"watchdog_event": name}
+        if request is not None:
+            fields.update(
+                worker_pid=request.worker_pid,
+                scope_id=request.scope_id,
+                expiration_time=request.expiration_time,
+                signal=request.signal,
+            )
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        emit: Callable[[], None] = lambda: self._emit("agent.watchdog", **fields)  # noqa: E731
+        try:
+            if _on_loop_thread(loop):
+                emit()
+            else:
+                loop.call_soon_threadsafe(emit)
+        except RuntimeError:
+            pass  # the loop closed meanwhile: the run is over
+
+
+def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _default_node() -> str:
+    import socket
+
+    return f"{socket.gethostname()}_{os.getpid()}"
+
+
+def _wall_time() -> float:
+    import time
+
+    return time.time()

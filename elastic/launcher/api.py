@@ -1,0 +1,273 @@
+"""torch's launcher API: ``elastic_launch(config, entrypoint)(*args)`` and ``launch_agent``.
+
+``launch_agent`` builds the rendezvous on this process's ports (an
+:class:`~elastic.real.clock.AsyncioClock` and an in-memory store created inside the
+running loop), the :class:`~elastic.agent.server.api.WorkerSpec` and a
+:class:`~elastic.agent.server.local_elastic_agent.LocalElasticAgent`, runs it, and
+
+* returns the workers' return values by global rank on success (``{}`` when the node
+  left the rendezvous gracefully — torch crashes there);
+* raises :class:`~elastic.multiprocessing.errors.ChildFailedError` (torch's report,
+  root cause = earliest failure) when the workers failed and restarts ran out;
+* raises :class:`LaunchError` when the group failed without a worker failure to report
+  (it stayed hung or unhealthy, or a pre-start check refused the node) — where torch
+  returns ``{}`` and exits 0;
+* lets :class:`~elastic.agent.server.local_elastic_agent.SignalException` through
+  after the workers were stopped with the same signal.
+
+Single node only: the agent's store lives in its own process, so ``max_nodes > 1``
+is refused with one line (a network store is needed for several nodes).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import uuid
+from collections.abc import Callable
+from typing import IO, Any
+
+from elastic.errors import ConfigError, ElasticError
+from elastic.run_args import LaunchConfig
+
+__all__ = ["LaunchConfig", "LaunchError", "elastic_launch", "free_port", "launch_agent"]
+
+logger = logging.getLogger(__name__)
+
+
+class LaunchError(ElasticError):
+    """The job failed and no worker failure explains it (hung, unhealthy, refused)."""
+
+
+class elastic_launch:  # torch's name
+    """``elastic_launch(config, entrypoint)(*args)`` → return values by global rank."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        entrypoint: Callable[..., Any] | str | None,
+        health_check_server: Any = None,
+    ) -> None:
+        self._config = config
+        self._entrypoint = entrypoint
+        self._health_check_server = health_check_server
+
+    def __call__(self, *args: Any) -> dict[int, Any]:
+        return launch_agent(self._config, self._entrypoint, list(args), self._health_check_server)
+
+
+def _entrypoint_name(entrypoint: Callable[..., Any] | str | None, args: list[Any]) -> str:
+    """torch's rule: a function's name; for the Python executable, the script; else the command."""
+    if callable(entrypoint):
+        return str(getattr(entrypoint, "__name__", entrypoint))
+    if isinstance(entrypoint, str):
+        if entrypoint == sys.executable:
+            return next((a for a in args if isinstance(a, str) and not a.startswith("-")), "")
+        return entrypoint
+    return ""
+
+
+def _mp_std(value: Any) -> Any:
+    """The command line's ``Std`` (or per-rank map) as the log specs' ``Std``."""
+    from elastic.multiprocessing.api import Std
+
+    if isinstance(value, dict):
+        return {int(k): Std(int(v)) for k, v in value.items()}
+    return Std(int(value))
+
+
+def free_port() -> int:
+    """A TCP port free at this instant on every interface (for rank 0's TCPStore).
+
+    Races like torch's ``get_free_port``: another process may take it before rank 0
+    binds it.  The window is the worker's start-up time.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_agent(
+    config: LaunchConfig,
+    entrypoint: Callable[..., Any] | str | None,
+    args: list[Any],
+    health_check_server: Any = None,
+) -> dict[int, Any]:
+    """Run one agent on this node until the job ends (see the module docstring)."""
+    from elastic.real.clock import run_sync
+
+    result: dict[int, Any] = run_sync(
+        launch_agent_async(config, entrypoint, args, health_check_server=health_check_server)
+    )
+    return result
+
+
+async def launch_agent_async(
+    config: LaunchConfig,
+    entrypoint: Callable[..., Any] | str | None,
+    args: list[Any],
+    *,
+    health_check_server: Any = None,
+) -> dict[int, Any]:
+    """:func:`launch_agent` on the running event loop."""
+    from elastic.agent.server.api import WorkerSpec, WorkerState
+    from elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from elastic.memstore import MemoryStore
+    from elastic.multiprocessing.api import DefaultLogsSpecs, LogsSpecs
+    from elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    from elastic.real.clock import AsyncioClock
+    from elastic.rendezvous.api import RendezvousContext, RendezvousParameters
+    from elastic.rendezvous.registry import get_rendezvous_handler
+
+    if config.max_nodes > 1:
+        raise ConfigError(
+            "--nnodes",
+            f"got {config.min_nodes}:{config.max_nodes}; only single-node jobs can run "
+            "yet (the network store several nodes need is not available): use --nnodes 1 "
+            "or --standalone",
+        )
+    if entrypoint is None:
+        raise ConfigError("entrypoint", "got None; expected a program or a function")
+    run_id = config.run_id
+    if not run_id:
+        run_id = str(uuid.uuid4().int)
+        logger.warning("config has no run_id, generated a random run_id: %s", run_id)
+
+    clock = AsyncioClock()
+    store = MemoryStore(clock)
+    node_id = f"{socket.gethostname()}_{os.getpid()}"
+    try:
+        params = RendezvousParameters(
+            backend=config.rdzv_backend,
+            endpoint=config.rdzv_endpoint,
+            run_id=run_id,
+            min_nodes=config.min_nodes,
+            max_nodes=config.max_nodes,
+            local_addr=config.local_addr,
+            **config.rdzv_configs,
+        )
+    except ValueError as e:
+        raise ConfigError("--nnodes", str(e)) from None
+    ctx = RendezvousContext(
+        store=store,
+        clock=clock,
+        node_addr=config.local_addr or socket.getfqdn(),
+        node_id=node_id.replace("/", "_"),
+        port_chooser=free_port,
+    )
+    try:
+        handler = get_rendezvous_handler(params, ctx)
+    except ValueError as e:
+        raise ConfigError("--rdzv-backend", str(e)) from None
+
+    master_addr: str | None = None
+    master_port: int | None = None
+    if config.rdzv_backend == "static":
+        host, _, port = config.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(
+                "--rdzv-endpoint",
+                f"got {config.rdzv_endpoint!r}; the static rendezvous needs host:port",
+            )
+        master_addr, master_port = host, int(port)
+
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        rdzv_handler=handler,
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=master_addr,
+        master_port=master_port,
+        local_addr=config.local_addr,
+        event_log_handler=config.event_log_handler,
+        numa_options=config.numa_options,
+        duplicate_stdout_filters=config.duplicate_stdout_filters,
+        duplicate_stderr_filters=config.duplicate_stderr_filters,
+        virtual_local_rank=config.virtual_local_rank,
+    )
+    logs_specs: LogsSpecs
+    if config.logs_specs is not None:
+        logs_specs = config.logs_specs
+    else:
+        if config.logs_specs_name not in (None, "default"):
+            raise ConfigError(
+                "--logs-specs",
+                f"got {config.logs_specs_name!r}; only 'default' is available "
+                "(torch's logs-specs plugins need torch's launcher)",
+            )
+        try:
+            logs_specs = DefaultLogsSpecs(
+                log_dir=config.log_dir,
+                redirects=_mp_std(config.redirects),
+                tee=_mp_std(config.tee),
+                local_ranks_filter=(
+                    set(config.local_ranks_filter) if config.local_ranks_filter else None
+                ),
+            )
+        except (NotADirectoryError, OSError) as e:
+            raise ConfigError("--log-dir", f"got {config.log_dir!r}; {e}") from None
+
+    event_file: IO[str] | None = None
+    events = None
+    if config.event_log:
+        from elastic.events import StreamSink
+
+        try:
+            event_file = open(config.event_log, "a", encoding="utf-8")  # noqa: SIM115
+        except OSError as e:
+            raise ConfigError(
+                "--event-log", f"got {config.event_log!r}; cannot write it: {e.strerror}"
+            ) from None
+        events = StreamSink(event_file)
+
+    extra_env = dict(config.extra_env)
+    # torch puts this in the agent's os.environ, whence every worker inherits it
+    extra_env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    try:
+        agent = LocalElasticAgent(
+            spec,
+            logs_specs,
+            start_method=config.start_method,
+            log_line_prefix_template=config.log_line_prefix_template,
+            shutdown_timeout=float(config.shutdown_timeout or 0),
+            health_check_server=health_check_server,
+            events=events,
+            extra_env=extra_env,
+            hang_timeout=config.hang_timeout,
+            signals_to_handle=config.signals_to_handle,
+            node=node_id,
+        )
+        from elastic.agent.server.local_elastic_agent import SignalException
+
+        try:
+            result = await agent.run_async()
+        except SignalException:
+            raise  # torch keeps the rendezvous open for a restart of this node
+        except BaseException:
+            await handler.shutdown_async()
+            raise
+        await handler.shutdown_async()
+    finally:
+        if event_file is not None:
+            event_file.close()
+
+    if result is None:
+        return {}
+    if result.state == WorkerState.SUCCEEDED:
+        return dict(result.return_values)
+    name = _entrypoint_name(entrypoint, args)
+    failures = {r: f for r, f in result.failures.items() if isinstance(f, ProcessFailure)}
+    if failures:
+        raise ChildFailedError(name=name, failures=failures)
+    if agent.refused_start is not None:
+        raise LaunchError(f"{name}: this node refused to start its workers: {agent.refused_start}")
+    raise LaunchError(
+        f"{name}: the worker group ended {result.state.value} with no worker failure to "
+        "report (it stayed hung or unhealthy and restarts ran out; see the agent's log "
+        "and --event-log)"
+    )

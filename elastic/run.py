@@ -1,0 +1,85 @@
+"""``elastic run``: torchrun's command line, launching one node's workers for real.
+
+Exit status, as torchrun's: 0 when every worker succeeded; 1 when the job failed (the
+failure report — torch's ``ChildFailedError`` layout, root cause last — goes to
+stderr) or the agent was stopped by a signal (after its workers were stopped with
+that signal); 2 for bad input (one line naming the flag, the value and what was
+expected).  Like torchrun's ``@record``-decorated ``main``, a nested launch copies the
+root cause's error file to its own ``TORCHELASTIC_ERROR_FILE``.
+
+The import path is kept light (no torch, no simulator; the agent's modules are
+imported only once the arguments are good): launch latency is a benchmark.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+_PROG = "elastic run"
+
+
+def _configure_logging() -> None:
+    # torch's rule: LOGLEVEL, default WARNING (torchrun's banners are warnings)
+    level = os.environ.get("LOGLEVEL", "WARNING").upper()
+    logging.basicConfig(
+        level=level if level in logging.getLevelNamesMapping() else "WARNING",
+        format="%(levelname)s:%(name)s:%(message)s",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``elastic run`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    from elastic.errors import ConfigError
+
+    _configure_logging()
+    try:
+        from elastic.run_args import parse
+
+        config, cmd, cmd_args = parse(sys.argv[1:] if argv is None else list(argv))
+    except ConfigError as e:
+        print(f"{_PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # argparse: --help (0) or a bad flag (2, one line printed)
+        return e.code if isinstance(e.code, int) else 2
+
+    from elastic.agent.server.local_elastic_agent import SignalException
+    from elastic.launcher.api import LaunchError, elastic_launch
+    from elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        elastic_launch(config, cmd)(*cmd_args)
+    except ConfigError as e:
+        print(f"{_PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except ChildFailedError as e:
+        _pass_root_cause_up(e)
+        print(f"{_PROG}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except SignalException as e:
+        print(f"{_PROG}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except LaunchError as e:
+        print(f"{_PROG}: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _pass_root_cause_up(e: object) -> None:
+    """A nested launch: copy the root cause's error file to our own (torch's ``@record``)."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return
+    from elastic.multiprocessing.errors import ChildFailedError, get_error_handler
+
+    assert isinstance(e, ChildFailedError)
+    _, failure = e.get_first_failure()
+    if failure.error_file != "<N/A>":
+        get_error_handler().dump_error_file(failure.error_file, failure.exitcode)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,376 @@
+"""``elastic run`` end to end, with real processes: environment, restarts, report, exit codes.
+
+Every test has a time limit, and the ``tag`` fixture fails it if any process started
+under it (found by a tag in its environment, which every worker and descendant
+inherits) is still alive afterwards.  The helpers here are shared by the other
+``test_run_*`` modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastic.real import proctree
+
+PY = sys.executable
+ELASTIC_RUN = [PY, "-m", "elastic.cli", "run"]
+TAG = "ELASTIC_TEST_TAG"
+
+# Variables the launcher adds for its own bookkeeping (process-tree markers); a
+# torchrun-launched worker has none of them.
+OUR_MARKERS = {"ELASTIC_AGENT_INSTANCE", "ELASTIC_WORKER_GROUP"}
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tag() -> Iterator[str]:
+    """A tag for this test's processes; fails the test if any is left when it ends."""
+    value = uuid.uuid4().hex
+    yield value
+    deadline = time.monotonic() + 3.0
+    left: set[int] = set()
+    while True:
+        left = proctree.pids_with_env(TAG, value, exclude={os.getpid()})
+        left = {p for p in left if _alive(p)}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {sorted(left)}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    if state == b"Z":
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        return False
+    return True
+
+
+def env_for(tag: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
+    env.pop("OMP_NUM_THREADS", None)
+    env[TAG] = tag
+    env.update(extra)
+    return env
+
+
+def script(tmp_path: Path, code: str, name: str = "train.py") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(code))
+    return str(path)
+
+
+def elastic_run(
+    args: list[str], tag: str, timeout: float = 60, **extra_env: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ELASTIC_RUN, *args],
+        env=env_for(tag, **extra_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start_elastic_run(args: list[str], tag: str, **extra_env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*ELASTIC_RUN, *args],
+        env=env_for(tag, **extra_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_files(paths: list[Path], timeout: float = 30.0) -> None:
+    """Test-side wait for workers to say they are ready (each writes its file)."""
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() and p.stat().st_size > 0 for p in paths):
+        assert time.monotonic() < deadline, f"not all of {paths} appeared"
+        time.sleep(0.01)
+
+
+def gone_within(pids: set[int], timeout: float) -> float | None:
+    """Seconds until every pid is gone, or None if some outlived ``timeout``."""
+    t0 = time.monotonic()
+    while any(_alive(p) for p in pids):
+        if time.monotonic() - t0 > timeout:
+            return None
+        time.sleep(0.005)
+    return time.monotonic() - t0
+
+
+ENV_DUMP = """
+    import json, os, sys
+    out = os.environ["OUT_DIR"]
+    with open(os.path.join(out, "env." + os.environ["RANK"]), "w") as f:
+        json.dump({"env": dict(os.environ), "argv": sys.argv[1:]}, f)
+"""
+
+
+def dumped_envs(out: Path, n: int) -> dict[int, dict[str, Any]]:
+    return {r: json.loads((out / f"env.{r}").read_text()) for r in range(n)}
+
+
+# -- environment ----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_standalone_gives_each_worker_torchs_environment(tmp_path: Path, tag: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    train = script(tmp_path, ENV_DUMP)
+    p = elastic_run(
+        [
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "2",
+            train,
+            "--lr",
+            "${local_rank}",
+        ],
+        tag,
+        OUT_DIR=str(out),
+    )
+    assert p.returncode == 0, p.stderr
+    dumps = dumped_envs(out, 2)
+    ports = {d["env"]["MASTER_PORT"] for d in dumps.values()}
+    run_ids = {d["env"]["TORCHELASTIC_RUN_ID"] for d in dumps.values()}
+    assert len(ports) == 1 and len(run_ids) == 1
+    assert 0 < int(ports.pop()) < 65536
+    for rank, d in dumps.items():
+        env = d["env"]
+        assert d["argv"] == ["--lr", str(rank)]  # the ${local_rank} macro
+        assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "ROLE_RANK")} == {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "ROLE_RANK": str(rank),
+        }
+        assert env["GROUP_RANK"] == "0"
+        assert env["ROLE_NAME"] == "default"
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == "2"
+        assert env["GROUP_WORLD_SIZE"] == "1"
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert env["TORCHELASTIC_MAX_RESTARTS"] == "2"
+        # the agent's store is not a c10d TCPStore: rank 0 hosts torch's store itself
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+        assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+        assert env["OMP_NUM_THREADS"] == "1"
+        assert env["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+        assert env["TORCHELASTIC_ERROR_FILE"].endswith(f"attempt_0/{rank}/error.json")
+        assert env["MASTER_ADDR"]
+
+
+@pytest.mark.timeout(60)
+def test_inherited_settings_are_kept_not_overwritten(tmp_path: Path, tag: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    train = script(tmp_path, ENV_DUMP)
+    p = elastic_run(
+        ["--nproc-per-node", "2", train],
+        tag,
+        OUT_DIR=str(out),
+        OMP_NUM_THREADS="3",
+        TORCH_NCCL_ASYNC_ERROR_HANDLING="0",
+        CUDA_VISIBLE_DEVICES="1,0",
+    )
+    assert p.returncode == 0, p.stderr
+    for d in dumped_envs(out, 2).values():
+        assert d["env"]["OMP_NUM_THREADS"] == "3"
+        assert d["env"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+        assert d["env"]["CUDA_VISIBLE_DEVICES"] == "1,0"
+
+
+@pytest.mark.timeout(60)
+def test_virtual_local_rank_gives_each_worker_its_own_device(tmp_path: Path, tag: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    train = script(tmp_path, ENV_DUMP)
+    p = elastic_run(
+        ["--nproc-per-node", "2", "--virtual-local-rank", train],
+        tag,
+        OUT_DIR=str(out),
+        CUDA_VISIBLE_DEVICES="5,7",
+    )
+    assert p.returncode == 0, p.stderr
+    dumps = dumped_envs(out, 2)
+    assert [dumps[r]["env"]["CUDA_VISIBLE_DEVICES"] for r in (0, 1)] == ["5", "7"]
+    assert [dumps[r]["env"]["LOCAL_RANK"] for r in (0, 1)] == ["0", "0"]
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(120)
+def test_worker_sees_the_same_variable_names_as_under_torchrun(tmp_path: Path, tag: str) -> None:
+    pytest.importorskip("torch", reason="torch (CPU) is needed to run torchrun")
+    flags = ["--standalone", "--nproc-per-node", "2"]
+    names: dict[str, set[str]] = {}
+    for which, cmd in (
+        ("elastic", ELASTIC_RUN),
+        ("torchrun", [PY, "-m", "torch.distributed.run"]),
+    ):
+        out = tmp_path / which
+        out.mkdir()
+        train = script(tmp_path, ENV_DUMP)
+        p = subprocess.run(
+            [*cmd, *flags, train],
+            env=env_for(tag, OUT_DIR=str(out)),
+            capture_output=True,
+            text=True,
+            timeout=100,
+        )
+        assert p.returncode == 0, p.stderr
+        base = set(env_for(tag, OUT_DIR=""))
+        per_rank = [set(d["env"]) - base for d in dumped_envs(out, 2).values()]
+        assert per_rank[0] == per_rank[1]
+        names[which] = per_rank[0]
+    assert names["elastic"] - OUR_MARKERS == names["torchrun"]
+    assert names["elastic"] & OUR_MARKERS == OUR_MARKERS
+
+
+# -- bad input -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("nnodes", ["2", "1:4"])
+def test_more_than_one_node_is_refused_with_one_line(tmp_path: Path, tag: str, nnodes: str) -> None:
+    train = script(tmp_path, "print('never')")
+    p = elastic_run(["--nnodes", nnodes, "--nproc-per-node", "1", train], tag)
+    assert p.returncode == 2
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr
+    assert "--nnodes" in lines[0] and "network store" in lines[0]
+    assert "never" not in p.stdout
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "args, where",
+    [
+        (["--nproc-per-node", "zero"], "--nproc-per-node"),
+        (["--max-restarts", "-1"], "--max-restarts"),
+        (["--redirects", "9"], "--redirects"),
+        (["--no-such-flag"], "unrecognized"),
+    ],
+)
+def test_bad_flag_is_one_line_and_exit_2(
+    tmp_path: Path, tag: str, args: list[str], where: str
+) -> None:
+    train = script(tmp_path, "print('never')")
+    p = elastic_run([*args, train], tag)
+    assert p.returncode == 2
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and where in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+
+
+# -- restarts and the failure report ----------------------------------------------------
+
+CRASH_ONCE = """
+    import os
+    from elastic.multiprocessing.errors import record
+
+    @record
+    def main():
+        attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+        out = os.environ["OUT_DIR"]
+        open(os.path.join(out, f"ran.{os.environ['RANK']}.{attempt}"), "w").close()
+        if os.environ["RANK"] == "1" and int(attempt) < int(os.environ["CRASH_ATTEMPTS"]):
+            raise RuntimeError(f"boom on attempt {attempt}")
+
+    main()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_worker_crashing_once_is_restarted_with_restart_count_1(tmp_path: Path, tag: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    train = script(tmp_path, CRASH_ONCE)
+    p = elastic_run(
+        ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", train],
+        tag,
+        OUT_DIR=str(out),
+        CRASH_ATTEMPTS="1",
+    )
+    assert p.returncode == 0, p.stderr
+    assert sorted(f.name for f in out.iterdir()) == ["ran.0.0", "ran.0.1", "ran.1.0", "ran.1.1"]
+
+
+@pytest.mark.timeout(60)
+def test_restarts_exhausted_exits_1_with_the_root_cause_report(tmp_path: Path, tag: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    logs = tmp_path / "logs"
+    train = script(tmp_path, CRASH_ONCE)
+    p = elastic_run(
+        ["--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", str(logs), train],
+        tag,
+        OUT_DIR=str(out),
+        CRASH_ATTEMPTS="5",
+    )
+    assert p.returncode == 1
+    report = p.stderr[p.stderr.index("ChildFailedError") :]
+    assert f"{train} FAILED" in report
+    assert "Root Cause (first observed failure):" in report
+    assert "rank      : 1 (local_rank: 1)" in report
+    assert "exitcode  : 1 (pid: " in report
+    assert "host      : " in report and "time      : " in report
+    assert "RuntimeError: boom on attempt 1" in report  # the traceback from error.json
+    assert "attempt_1/1/error.json" in report
+    assert "Traceback" not in p.stderr[: p.stderr.index("ChildFailedError")].split("boom")[-1]
+
+
+@pytest.mark.timeout(60)
+def test_worker_killed_by_a_signal_is_reported_with_the_signal_name(
+    tmp_path: Path, tag: str
+) -> None:
+    train = script(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    p = elastic_run(["--nproc-per-node", "1", train], tag)
+    assert p.returncode == 1
+    assert "exitcode  : -11 (pid: " in p.stderr and "(SIGSEGV)" in p.stderr
+    assert "Signal 11 (SIGSEGV) received by PID" in p.stderr
+
+
+@pytest.mark.timeout(60)
+def test_successful_job_exits_0_and_output_reaches_the_console(tmp_path: Path, tag: str) -> None:
+    # one write per line: unbuffered workers share the agent's stdout, as under torchrun
+    train = script(
+        tmp_path, "import os, sys\nsys.stdout.write(f'hello {os.environ[\"RANK\"]}\\n')\n"
+    )
+    p = elastic_run(["--nproc-per-node", "2", train], tag)
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.splitlines()) == ["hello 0", "hello 1"]
+
+
+@pytest.mark.timeout(60)
+def test_module_flag_runs_python_dash_m(tmp_path: Path, tag: str) -> None:
+    pkg = tmp_path / "mymod.py"
+    pkg.write_text("import os\nprint('module', os.environ['RANK'])\n")
+    p = elastic_run(["--nproc-per-node", "1", "-m", "mymod"], tag, PYTHONPATH=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "module 0" in p.stdout
