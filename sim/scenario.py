@@ -359,14 +359,20 @@ class Scenario:
         data["expect"] = {
             k: _FlowDict(v) if isinstance(v, dict) else v for k, v in data["expect"].items()
         }
-        return yaml.dump(
-            data,
-            Dumper=_ScenarioDumper,
-            sort_keys=False,
-            default_flow_style=False,
-            allow_unicode=True,
-            width=100,
-        )
+        for allow_unicode in (True, False):
+            text = yaml.dump(
+                data,
+                Dumper=_ScenarioDumper,
+                sort_keys=False,
+                default_flow_style=False,
+                allow_unicode=allow_unicode,
+                width=100,
+            )
+            # PyYAML writes some characters (NEL U+0085, U+2028) raw that read back as line
+            # breaks; escaping all non-ASCII is the exact fallback
+            if yaml.safe_load(text) == data:
+                break
+        return text
 
 
 class _FlowDict(dict[str, Any]):

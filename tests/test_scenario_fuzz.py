@@ -12,7 +12,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elastic.errors import ConfigError
-from sim.scenario import Scenario, load_scenario_text
+from sim.expect import Bound, Expectation, ExpectedState
+from sim.scenario import (
+    Agent,
+    Cluster,
+    Fault,
+    FaultKind,
+    Job,
+    RateFault,
+    Rendezvous,
+    Scenario,
+    Store,
+    load_scenario_text,
+)
 
 VALID = textwrap.dedent(
     """\
@@ -114,3 +126,87 @@ def test_mutated_valid_scenarios_raise_only_config_error(
 
 def test_the_fuzz_base_itself_loads() -> None:
     assert loads_or_refuses(VALID) is not None
+
+
+SECONDS = st.floats(min_value=0, max_value=1e7, allow_nan=False, allow_infinity=False)
+POSITIVE = st.floats(min_value=1e-3, max_value=1e7, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> Scenario:
+    """Valid scenarios built as values, with every fault kind and odd strings and floats."""
+    nodes = draw(st.integers(1, 6))
+    spares = draw(st.integers(0, 2))
+    nproc = draw(st.integers(1, 8))
+    until = draw(POSITIVE)
+    existing = nodes + spares
+    node = st.integers(0, existing - 1)
+    at = st.floats(min_value=0, max_value=until, allow_nan=False)
+    fault = st.one_of(
+        st.builds(
+            Fault,
+            at=at,
+            kind=st.just(FaultKind.WORKER_CRASH),
+            node=node,
+            local_rank=st.integers(0, nproc - 1),
+            exit_code=st.integers(-255, 255),
+        ),
+        st.builds(
+            Fault,
+            at=at,
+            kind=st.just(FaultKind.NODE_CRASH),
+            node=node,
+            restart_after=st.none() | SECONDS,
+        ),
+        st.builds(
+            Fault,
+            at=at,
+            kind=st.just(FaultKind.NETWORK_PARTITION),
+            nodes=st.lists(node, min_size=1, unique=True).map(tuple),
+            duration=POSITIVE,
+        ),
+        st.builds(
+            Fault,
+            at=at,
+            kind=st.just(FaultKind.SLOW_NODE),
+            node=node,
+            factor=st.floats(min_value=1.001, max_value=100),
+            duration=st.none() | POSITIVE,
+        ),
+        st.builds(
+            RateFault,
+            kind=st.just(FaultKind.GPU_ERROR),
+            every=st.floats(min_value=until / 100, max_value=1e8, exclude_min=True),
+            node=st.none() | node,
+        ),
+    )
+    return Scenario(
+        name=draw(st.text(max_size=20)),
+        description=draw(st.text(max_size=20)),
+        seed=draw(st.integers(0, 2**64)),
+        until=until,
+        cluster=Cluster(nodes=nodes, nproc_per_node=nproc, spare_nodes=spares),
+        job=Job(
+            steps=draw(st.integers(1, 10**6)),
+            step_time=draw(POSITIVE),
+            startup_time=draw(SECONDS),
+            checkpoint_every=draw(st.integers(0, 1000)),
+            timer=draw(st.none() | POSITIVE),
+        ),
+        rendezvous=Rendezvous(min_nodes=1, max_nodes=draw(st.integers(1, 10))),
+        agent=Agent(max_restarts=draw(st.integers(0, 100)), monitor_interval=draw(POSITIVE)),
+        store=Store(latency=draw(SECONDS)),
+        faults=tuple(draw(st.lists(fault, max_size=5))),
+        expect=Expectation(
+            state=draw(st.none() | st.sampled_from(ExpectedState)),
+            restarts=draw(st.none() | st.integers(0, 9).map(lambda n: Bound(exact=n))),
+            goodput=draw(st.none() | st.floats(0, 1).map(lambda g: Bound(min=g))),
+            recovery_s_max=draw(st.none() | SECONDS.map(lambda s: Bound(max=s))),
+        ),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios())
+def test_any_valid_scenario_written_with_to_yaml_loads_back_equal(scenario: Scenario) -> None:
+    assert load_scenario_text(scenario.to_yaml()) == scenario
