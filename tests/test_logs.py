@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -106,13 +107,13 @@ def test_log_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
 @pytest.mark.torch
 def test_layout_matches_torchs_default_logs_specs(tmp_path: Path) -> None:
     torch_api = pytest.importorskip("torch.distributed.elastic.multiprocessing.api")
-    cases = [
+    cases: list[dict[str, Any]] = [
         {"redirects": Std.ALL},
         {"tee": Std.ALL, "local_ranks_filter": {1}},
         {"redirects": {0: Std.OUT}, "tee": {2: Std.ERR}},
     ]
     for i, kw in enumerate(cases):
-        ours = DefaultLogsSpecs(str(tmp_path / f"ours{i}"), **kw)  # type: ignore[arg-type]
+        ours = DefaultLogsSpecs(str(tmp_path / f"ours{i}"), **kw)
         theirs_kw = {
             k: (
                 torch_api.Std(int(v))

@@ -188,6 +188,7 @@ def test_exit_is_reported_within_milliseconds_of_the_kernel(
     latency = ex.time - float(stamp.read_text())
     assert ex.exit_code == 7
     assert 0 <= latency < 0.1, f"exit reported {latency * 1000:.1f} ms after it happened"
+    print(f"exit reported {latency * 1000:.1f} ms after the worker's last instruction")
 
 
 @pytest.mark.timeout(60)
@@ -245,6 +246,7 @@ def test_stop_kills_a_worker_that_ignores_sigterm_after_grace(
     assert by_rank[1].exit_code == -signal.SIGTERM
     assert {e.cause for e in exits} == {ExitCause.STOPPED_BY_AGENT}
     assert grace <= took < grace + 0.5, f"stop took {took:.3f} s for grace {grace}"
+    print(f"stop(grace={grace}) with a SIGTERM-ignoring worker took {took:.3f} s")
 
 
 @pytest.mark.timeout(60)
