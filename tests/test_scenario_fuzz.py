@@ -93,7 +93,7 @@ def test_arbitrary_text_raises_only_config_error(text: str) -> None:
     loads_or_refuses(text)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(KEYS), TREES, max_size=8))
 def test_arbitrary_yaml_structures_raise_only_config_error(tree: dict[str, object]) -> None:
     loads_or_refuses(yaml.safe_dump(tree))
@@ -206,7 +206,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(scenarios())
 def test_any_valid_scenario_written_with_to_yaml_loads_back_equal(scenario: Scenario) -> None:
     assert load_scenario_text(scenario.to_yaml()) == scenario
