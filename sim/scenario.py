@@ -995,14 +995,19 @@ class _ScenarioReader:
             )
         params = _KIND_FIELDS[kind]
         is_rate = "every" in m.entries
+        if is_rate and "at" in m.entries:
+            raise self.ctx.error(
+                m.entries["at"][0],
+                m.sub("at"),
+                "given with every:; expected either at: (one fault at that time) or every: "
+                "(faults drawn at that mean interval), not both",
+            )
         timing = ("kind", "every", "from", "to") if is_rate else ("at", "kind")
         m.check_keys(
             (*timing, *params),
             f"a key of a {'rate ' if is_rate else ''}{kind.value} fault",
             {k: "to rate faults (with every:)" for k in ("from", "to")} if not is_rate else {},
         )
-        if "at" in m.entries and is_rate:  # pragma: no cover - check_keys refuses it first
-            raise self.ctx.error(m.node, path, "got both at and every; expected one of them")
         if not is_rate and "at" not in m.entries:
             raise self.ctx.error(
                 m.node, m.sub("at"), f"missing; expected {DURATION_EXPECTED} (or every: for a rate)"

@@ -642,7 +642,7 @@ def test_network_partition_node_list_entries_are_checked_with_their_position() -
             "{at: 1m, kind: worker_crash, node: 0, local_rank: 0, exit_code: x}",
             "expected an integer",
         ),
-        ("{at: 1m, every: 1h, kind: worker_crash}", "faults[0].at: unknown key"),
+        ("{at: 1m, every: 1h, kind: worker_crash}", "faults[0].at: given with every:"),
         (
             "{kind: worker_crash, every: 1h, from: 2h, to: 1h}",
             "faults[0].from: got '2h'; expected before to",
