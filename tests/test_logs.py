@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from enum import IntFlag
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,16 @@ def test_std_is_torchs_flag_enum() -> None:
 def test_to_map_fills_missing_ranks_with_none() -> None:
     assert to_map(Std.OUT, 2) == {0: Std.OUT, 1: Std.OUT}
     assert to_map({1: Std.ERR}, 3) == {0: Std.NONE, 1: Std.ERR, 2: Std.NONE}
+
+
+def test_to_map_takes_another_modules_std_flag_as_a_value_not_a_map() -> None:
+    class OtherStd(IntFlag):
+        NONE = 0
+        OUT = 1
+
+    result = to_map(OtherStd.OUT, 2)  # type: ignore[arg-type]
+    assert result == {0: Std.OUT, 1: Std.OUT}
+    assert all(type(v) is Std for v in result.values())
 
 
 def _envs(n: int, attempt: int = 0) -> dict[int, dict[str, str]]:

@@ -73,10 +73,14 @@ class Std(IntFlag):
 
 
 def to_map(val_or_map: Std | dict[int, Std], local_world_size: int) -> dict[int, Std]:
-    """A full ``{local_rank: Std}`` for ranks ``0..n-1``; ranks missing from a map get NONE."""
-    if isinstance(val_or_map, Std):
-        return dict.fromkeys(range(local_world_size), val_or_map)
-    return {i: val_or_map.get(i, Std.NONE) for i in range(local_world_size)}
+    """A full ``{local_rank: Std}`` for ranks ``0..n-1``; ranks missing from a map get NONE.
+
+    Any int-valued flag is accepted (torch's own ``Std``, or another module's copy) and
+    converted, so values from other parsers cannot be mistaken for a map.
+    """
+    if isinstance(val_or_map, int):
+        return dict.fromkeys(range(local_world_size), Std(int(val_or_map)))
+    return {i: Std(int(val_or_map.get(i, Std.NONE))) for i in range(local_world_size)}
 
 
 @dataclass
