@@ -31,8 +31,10 @@ set up once per :meth:`run_async` and torn down in its ``finally``:
 * **GPU health** — before every (re)start, :func:`elastic.gpu.check_node_health` when
   NVML is present and sees GPUs; an unhealthy GPU refuses the start.  Without NVML the
   CPU path runs and says so once;
-* **health endpoint** — ``TORCHELASTIC_HEALTH_CHECK_PORT`` serves ``/health`` from the
-  watchdog's last progress time (see :mod:`elastic.agent.server.health_check_server`).
+* **health endpoint** — ``TORCHELASTIC_HEALTH_CHECK_PORT`` serves ``/health`` and
+  ``/metrics`` (:mod:`elastic.agent.server.health_check_server`); ``/health`` is 503
+  once the last progress (:meth:`LocalElasticAgent.get_last_progress_time`) is older
+  than 60 s, or ``ELASTIC_HEALTH_CHECK_TIMEOUT`` seconds.
 
 Failures are recorded as :class:`~elastic.multiprocessing.errors.ProcessFailure`
 (with the error file the worker's ``@record`` wrote), keyed by global rank.
@@ -234,10 +236,38 @@ class LocalElasticAgent(SimpleElasticAgent):
         return self._timer_file
 
     def get_last_progress_time(self) -> int:
-        """What ``/health`` reports: the watchdog's last progress time, else now."""
+        """What ``/health`` reports (wall-clock seconds): the older of the file-timer
+        watchdog's last progress and, with hang detection, the stalest rank's last
+        beat (the group's start while a rank has not beaten yet); else now."""
+        wall_now = _wall_time()
+        times = [wall_now]
         if self._timer_server is not None:
-            return int(self._timer_server.get_last_progress_time())
-        return int(_wall_time())
+            times.append(float(self._timer_server.get_last_progress_time()))
+        monitor = self._progress_monitor
+        if monitor is not None and self._clock is not None:
+            beats = list(monitor.watcher._last.values())
+            if beats:
+                times.append(wall_now - (self._clock.now() - min(beats)))
+        return int(min(times))
+
+    def _health_status(self) -> dict[str, Any]:
+        wg = self._worker_group
+        return {
+            "state": wg.state.value,
+            "restart_count": self.restart_count,
+            "remaining_restarts": self.remaining_restarts,
+            "run_id": wg.spec.rdzv_handler.get_run_id(),
+            "worker_pids": sorted(self.running_pids().values()),
+        }
+
+    def _health_metrics(self) -> dict[str, float | int | bool]:
+        wg = self._worker_group
+        return {
+            "elastic_restarts_total": self.restart_count,
+            "elastic_remaining_restarts": self.remaining_restarts,
+            "elastic_workers_running": len(self.running_pids()),
+            "elastic_group_healthy": wg.state.value == "HEALTHY",
+        }
 
     # -- the run -----------------------------------------------------------------------
     async def run_async(self, role: str = DEFAULT_ROLE) -> RunResult | None:
@@ -344,11 +374,21 @@ class LocalElasticAgent(SimpleElasticAgent):
             except ImportError:
                 logger.warning("the health check server is not available; not serving /health")
                 return
-            self._health_check_server = hcs.create_healthcheck_server(
-                alive_callback=self.get_last_progress_time, port=port_number, timeout=60
+            timeout = _health_timeout()
+            if timeout is None:
+                return
+            server = hcs.create_healthcheck_server(
+                alive_callback=self.get_last_progress_time, port=port_number, timeout=timeout
             )
+            server.status_callback = self._health_status
+            server.metrics_callback = self._health_metrics
+            self._health_check_server = server
         if self._health_check_server is not None:
             self._health_check_server.start()
+            self._emit(
+                "agent.health_server",
+                port=getattr(self._health_check_server, "port", None),
+            )
 
     async def _tear_down(self) -> None:
         # a stop cut short by a signal is finished here: no worker outlives the run
@@ -454,6 +494,26 @@ def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+def _health_timeout() -> float | None:
+    """Seconds without progress before ``/health`` says 503 (torch: 60).
+
+    ``ELASTIC_HEALTH_CHECK_TIMEOUT`` (ours) changes it; a bad value is logged and the
+    server is not started (like torch's bad port).
+    """
+    raw = os.environ.get("ELASTIC_HEALTH_CHECK_TIMEOUT", "60")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        logger.error(
+            "ELASTIC_HEALTH_CHECK_TIMEOUT: got %r; expected seconds > 0. Not serving /health",
+            raw,
+        )
+        return None
+    return value
 
 
 def _default_node() -> str:

@@ -1,0 +1,98 @@
+"""The launcher API from Python: ``elastic_launch(config, fn)(*args)`` and torch's agent ctor."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from elastic.agent.server.api import WorkerSpec, WorkerState
+from elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from elastic.errors import ConfigError
+from elastic.launcher.api import LaunchConfig, elastic_launch
+from elastic.memstore import MemoryStore
+from elastic.multiprocessing.api import DefaultLogsSpecs
+from elastic.multiprocessing.errors import ChildFailedError
+from elastic.real.clock import AsyncioClock
+from elastic.rendezvous.api import RendezvousParameters
+from elastic.rendezvous.registry import get_rendezvous_handler
+from tests.test_run_cli import TAG, tag
+
+__all__ = ["tag"]
+
+
+def square_of_rank(offset: int) -> dict[str, int]:
+    rank = int(os.environ["RANK"])
+    return {"rank": rank, "value": rank * rank + offset}
+
+
+def fail_on_rank_one() -> None:
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank one refuses")
+
+
+def _config(tmp_path: Path, n: int = 2, **kw: object) -> LaunchConfig:
+    return LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=n,
+        run_id="launcher-test",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        log_dir=str(tmp_path / "logs"),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def tagged(tag: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(TAG, tag)  # workers inherit it: the sweep finds leftovers
+    return tag
+
+
+@pytest.mark.timeout(60)
+def test_function_entrypoint_returns_values_by_global_rank(tmp_path: Path, tagged: str) -> None:
+    values = elastic_launch(_config(tmp_path), square_of_rank)(10)
+    assert values == {0: {"rank": 0, "value": 10}, 1: {"rank": 1, "value": 11}}
+
+
+@pytest.mark.timeout(60)
+def test_failing_function_raises_child_failed_error_naming_it(tmp_path: Path, tagged: str) -> None:
+    with pytest.raises(ChildFailedError) as info:
+        elastic_launch(_config(tmp_path), fail_on_rank_one)()
+    rank, failure = info.value.get_first_failure()
+    assert rank == 1 and failure.exitcode != 0
+    assert "fail_on_rank_one FAILED" in str(info.value)
+    assert "ValueError: rank one refuses" in str(info.value)
+
+
+@pytest.mark.timeout(30)
+def test_several_nodes_are_refused_before_anything_starts(tmp_path: Path, tagged: str) -> None:
+    config = LaunchConfig(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="c10d")
+    with pytest.raises(ConfigError, match=r"--nnodes.*network store"):
+        elastic_launch(config, square_of_rank)(0)
+
+
+@pytest.mark.timeout(60)
+def test_local_elastic_agent_with_torchs_constructor_runs_a_command(
+    tmp_path: Path, tagged: str
+) -> None:
+    clock = AsyncioClock()
+    params = RendezvousParameters("c10d", "localhost:0", "ctor-test", 1, 1)
+    handler = get_rendezvous_handler(params, store=MemoryStore(clock), clock=clock, node="n0")
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=2,
+        entrypoint="/bin/sh",
+        args=("-c", 'test "$ROLE_NAME" = trainer && exit "$LOCAL_RANK"'),
+        rdzv_handler=handler,
+        max_restarts=0,
+    )
+    agent = LocalElasticAgent(spec, DefaultLogsSpecs(str(tmp_path / "logs")), "spawn")
+    result = agent.run()
+    assert result is not None and result.state == WorkerState.FAILED
+    (failure,) = result.failures.values()
+    assert failure.exitcode == 1 and failure.local_rank == 1
+    assert list(result.failures) == [1]  # keyed by global rank
