@@ -588,3 +588,26 @@ def test_logs_of_a_failed_attempt_are_kept_next_to_the_new_one(
         assert (run / f"attempt_{attempt}" / "0" / "stdout.log").read_text() == (
             f"attempt {attempt}\n"
         )
+
+
+@pytest.mark.timeout(60)
+def test_a_workers_last_output_is_logged_before_its_exit_is_reported(
+    sweep: list[str], tmp_path: Path
+) -> None:
+    code = """
+        import sys
+        sys.stdout.write(("x" * 99 + "\\n") * 3000)  # 300 kB: more than a pipe holds
+    """
+    out = io.BytesIO()
+    specs = DefaultLogsSpecs(str(tmp_path / "logs"), tee=Std.OUT)
+
+    async def main() -> int:
+        async with make_workers(sweep, tmp_path, logs_specs=specs, console_out=out) as pw:
+            group = await pw.start([launch(0, *py(code))])
+            await collect(group, 1)
+            seen = len(out.getvalue())  # before stop() flushes anything
+            await group.stop(1.0)
+            return seen
+
+    seen = asyncio.run(main())
+    assert seen == 3000 * (len("[default0]:") + 100)

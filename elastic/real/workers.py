@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import enum
 import io
 import json
 import logging
@@ -116,6 +117,12 @@ class _Console:
 
     def flush(self) -> None:
         self._stream.flush()
+
+
+class _Drain(enum.Enum):
+    ONE = "one"
+    ALL = "all"
+    FINAL = "final"
 
 
 @dataclass(slots=True)
@@ -219,7 +226,7 @@ class ProcessGroup:
         self._loop.remove_reader(w.handle.fd)
         w.handle.exited = True
         for fd in w.tee_fds:
-            self._drain(fd, final=False)
+            self._drain(fd, _Drain.ALL)
         lr = w.launch.local_rank
         cause = self._cause(w, code)
         extra: dict[str, Any] = {}
@@ -299,10 +306,16 @@ class ProcessGroup:
     def _tee(self, fd: int, sink: TeeSink) -> None:
         os.set_blocking(fd, False)
         self._sinks[fd] = sink
-        self._loop.add_reader(fd, self._drain, fd, False)
+        self._loop.add_reader(fd, self._drain, fd, _Drain.ONE)
 
-    def _drain(self, fd: int, final: bool) -> None:
-        """Copy what the pipe holds to its sink; close both at end of file (or if final)."""
+    def _drain(self, fd: int, how: _Drain) -> None:
+        """Copy what the pipe holds to its sink; close both at end of file.
+
+        ``ONE`` chunk per wake-up of the reader, so a chatty worker cannot starve the loop;
+        ``ALL`` that is buffered now (at a worker's exit, so its last lines are logged
+        before its exit is reported); ``FINAL`` drains and closes even without end of
+        file (after stop, when a writer that escaped may still hold the pipe).
+        """
         sink = self._sinks.get(fd)
         if sink is None:
             return
@@ -316,9 +329,9 @@ class ProcessGroup:
                 eof = True
                 break
             sink.feed(chunk)
-            if not final:
-                break  # one chunk per wake-up: a chatty worker must not starve the loop
-        if eof or final:
+            if how is _Drain.ONE:
+                break
+        if eof or how is _Drain.FINAL:
             self._loop.remove_reader(fd)
             sink.close()
             os.close(fd)
@@ -403,7 +416,7 @@ class ProcessGroup:
         """All workers are gone: flush the tee pipes and remove the private directory."""
         for fd in list(self._sinks):
             if self._stopping:
-                self._drain(fd, final=True)
+                self._drain(fd, _Drain.FINAL)
             # otherwise a tee'd stream still open is held by a surviving descendant: it
             # keeps logging until its end of file
         for w in self._workers.values():
