@@ -93,6 +93,8 @@ class MemoryStore:
     def __init__(self, clock: Clock, *, log_limit: int = 100_000) -> None:
         self._clock = clock
         self._data: dict[str, bytes] = {}
+        # keys in order, so a prefix snapshot costs O(log n + k), not a scan of every key
+        self._sorted: list[str] = []
         self._lease_of: dict[str, _Lease] = {}
         self._revision = 0
         self._log_revs: list[int] = []
@@ -137,6 +139,8 @@ class MemoryStore:
             raise StoreError(
                 f"value for {key!r} is {len(value)} bytes; the limit is {MAX_VALUE_BYTES}"
             )
+        if key not in self._data:
+            bisect.insort(self._sorted, key)
         self._data[key] = bytes(value)
         self.stats.bytes_written += len(key) + len(value)
         old = self._lease_of.pop(key, None)
@@ -153,7 +157,8 @@ class MemoryStore:
         keys = sorted(lease._keys)
         lease._keys.clear()
         for k in keys:
-            self._data.pop(k, None)
+            if self._data.pop(k, None) is not None:
+                self._unindex(k)
             self._lease_of.pop(k, None)
         if keys:
             self._mutated(keys)
@@ -255,6 +260,7 @@ class MemoryStore:
         if key not in self._data:
             return False
         del self._data[key]
+        self._unindex(key)
         old = self._lease_of.pop(key, None)
         if old is not None:
             old._keys.discard(key)
@@ -281,10 +287,22 @@ class MemoryStore:
         self._next_lease += 1
         return lease
 
+    def _unindex(self, key: str) -> None:
+        i = bisect.bisect_left(self._sorted, key)
+        if i < len(self._sorted) and self._sorted[i] == key:
+            del self._sorted[i]
+
     async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
         self._check_open()
         self.stats.ops += 1
-        return self._revision, {k: v for k, v in self._data.items() if k.startswith(prefix)}
+        keys = self._sorted
+        i = bisect.bisect_left(keys, prefix)
+        out: dict[str, bytes] = {}
+        data = self._data
+        while i < len(keys) and keys[i].startswith(prefix):
+            out[keys[i]] = data[keys[i]]
+            i += 1
+        return self._revision, out
 
     def _changed_since(self, prefix: str, after: int) -> int | None:
         if after >= self._revision:
@@ -319,7 +337,7 @@ class MemoryStore:
         return self._revision
 
     def keys(self) -> list[str]:
-        return sorted(self._data)
+        return list(self._sorted)
 
     def close(self) -> None:
         """Close the store: every waiter wakes and gets :class:`StoreClosedError`."""

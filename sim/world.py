@@ -85,8 +85,12 @@ class SimNode:
         c = self.cluster
         try:
             result = await self.agent.run_async()
+            if self.agent.refused_start is not None:
+                # an unhealthy node takes itself out: the others see it leave, the job goes on
+                await self._revoke_leases()
+                return
             # as torch's launcher does after a run: close the rendezvous for everyone
-            if result is not None and result.is_failed() and self.agent.refused_start is None:
+            if result is not None and result.is_failed():
                 await self.handler.set_closed_async()
             await self.handler.shutdown_async()
         finally:
@@ -115,6 +119,9 @@ class SimNode:
             self.task.cancel()
             with contextlib.suppress(BaseException):  # cancelled on purpose
                 await self.task.join()
+        await self._revoke_leases()
+
+    async def _revoke_leases(self) -> None:
         if self.store is not None:
             for lease in list(self.store._leases):
                 await lease.revoke()
