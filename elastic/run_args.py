@@ -32,12 +32,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import IntFlag
 from typing import Any, NoReturn
 
 from elastic.errors import ConfigError
@@ -55,37 +53,13 @@ __all__ = [
     "run_script_path",
 ]
 
+from elastic.multiprocessing.api import Std  # the one Std, at torch's place
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MASTER_PORT = 29500
 NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
 START_METHODS = ("spawn", "fork", "forkserver")
-
-_VALUE_RE = re.compile(r"^[0123]$")
-# torch accepts one-digit local ranks only (``\d:``); a node with 10+ workers needs more.
-_MAPPING_RE = re.compile(r"^(\d+:[0123],)*(\d+:[0123])$")
-
-
-class Std(IntFlag):
-    """Which standard streams: NONE=0, OUT=1, ERR=2, ALL=3 (torch's values; ``|`` works)."""
-
-    NONE = 0
-    OUT = 1
-    ERR = 2
-    ALL = OUT | ERR
-
-    @classmethod
-    def from_str(cls, vm: str) -> Std | dict[int, Std]:
-        """``"3"`` → ``Std.ALL``; ``"0:1,10:2"`` → ``{0: OUT, 10: ERR}``; else ValueError."""
-        if _VALUE_RE.match(vm):
-            return cls(int(vm))
-        if _MAPPING_RE.match(vm):
-            result: dict[int, Std] = {}
-            for item in vm.split(","):
-                rank, value = item.split(":")
-                result[int(rank)] = cls(int(value))
-            return result
-        raise ValueError(f"{vm} does not match: <{_VALUE_RE.pattern}> or <{_MAPPING_RE.pattern}>")
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,7 +100,7 @@ def main(argv: Sequence[str]) -> int:
     result = simulate(scenario)
     report = dict(result.report)
     unobserved: list[str] = next(
-        (e.fields.get("unobserved_errors") for e in result.events if e.kind == "sim.end"), []
+        (list(e.fields["unobserved_errors"]) for e in result.events if e.kind == "sim.end"), []
     )
     if unobserved:
         print(
