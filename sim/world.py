@@ -20,7 +20,7 @@ from typing import Any
 from elastic.agent.server import SimpleElasticAgent, WorkerSpec
 from elastic.clock import OneShot, Task
 from elastic.events import AgentEvent, EventSink
-from elastic.rendezvous.api import RendezvousHandler
+from elastic.rendezvous.api import RendezvousError, RendezvousHandler
 from sim.clock import SimClock
 from sim.store import SimStoreClient, SimStoreHost
 from sim.workers import SimWorkers, Training
@@ -84,7 +84,12 @@ class SimNode:
         assert self.agent is not None and self.handler is not None
         c = self.cluster
         try:
-            result = await self.agent.run_async()
+            try:
+                result = await self.agent.run_async()
+            except RendezvousError:
+                # the agent recorded the error and ended FAILED; its launcher would exit 1
+                await self.handler.set_closed_async()
+                return
             if self.agent.refused_start is not None:
                 # an unhealthy node takes itself out: the others see it leave, the job goes on
                 await self._revoke_leases()

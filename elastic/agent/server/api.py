@@ -42,6 +42,7 @@ from elastic.events import AgentEvent, EventSink, ListSink
 from elastic.metrics import put_metric
 from elastic.rendezvous.api import (
     RendezvousClosedError,
+    RendezvousError,
     RendezvousGracefulExitError,
     RendezvousHandler,
     RendezvousInfo,
@@ -351,6 +352,13 @@ class SimpleElasticAgent(ElasticAgent):
             self._worker_group.state = WorkerState.FAILED
             result = RunResult(state=WorkerState.FAILED)
             return result
+        except RendezvousError as e:
+            # torch lets a rendezvous timeout/connection/state error escape run(); so do we,
+            # after recording that this agent ended FAILED and why
+            self._emit("agent.rendezvous_error", error=f"{type(e).__name__}: {e}")
+            self._worker_group.state = WorkerState.FAILED
+            result = RunResult(state=WorkerState.FAILED)
+            raise
         finally:
             await self._stop_group("shutdown")
             self._total_execution_time = int(self.clock.now() - start)
