@@ -59,7 +59,7 @@ class Store(Protocol):
         """Set ``key``; with ``lease`` the key vanishes when the lease expires."""
 
     async def get(self, key: str, timeout: float | None = None) -> bytes:
-        """The value of ``key``, waiting for it to be set; :class:`TimeoutError` after ``timeout``."""
+        """The value of ``key``, waiting until set; :class:`TimeoutError` after ``timeout``."""
         ...
 
     async def try_get(self, key: str) -> bytes | None:

@@ -130,8 +130,10 @@ def every_agent_ends(events: Sequence[AgentEvent]) -> list[str]:
     ended_by_until = any(e.kind == "sim.end" and e.fields.get("reason") == "until" for e in events)
     if ended_by_until:
         return []
-    return [f"node {n}: its agent (started t={t:g}) never finished" for n, t in sorted(
-        live.items(), key=lambda kv: str(kv[0]))]
+    return [
+        f"node {n}: its agent (started t={t:g}) never finished"
+        for n, t in sorted(live.items(), key=lambda kv: str(kv[0]))
+    ]
 
 
 ALL_CHECKS: tuple[Callable[[Sequence[AgentEvent]], list[str]], ...] = (
