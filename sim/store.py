@@ -4,9 +4,9 @@ outages and partitions.
 Each node's agent talks to the store through its own :class:`SimStoreClient`.  An
 operation costs one simulated round trip (``latency``; zero latency costs no event).
 During a store outage, or while a node is cut off from the store, the node's
-operations wait until the store is reachable again (a retrying client), and the
-node's leases stop being renewed: they expire ``ttl`` after the cut unless it heals
-first.  A node crash abandons every lease its client holds.  No event is spent per
+operations wait until the store is reachable again (a retrying client).  A node cut
+off by a partition stops renewing its leases: they expire ``ttl`` after the cut unless
+it heals first.  A store outage expires nobody's lease (no store runs to expire them).  A node crash abandons every lease its client holds.  No event is spent per
 lease renewal (DESIGN §2).
 """
 
@@ -43,18 +43,15 @@ class SimStoreHost:
         return self._down_until is not None
 
     def outage_start(self) -> None:
+        # The store is down, not the nodes: no lease can expire while no store runs (as
+        # etcd extends leases across a leader change); operations wait for it to return.
         if self._down_until is None:
             self._down_until = self.clock.event()
-            for c in self.clients.values():
-                c._cut_leases()
 
     def outage_end(self) -> None:
         ev, self._down_until = self._down_until, None
         if ev is not None:
             ev.set()
-            for c in self.clients.values():
-                if not c.cut:
-                    c._heal_leases()
 
 
 class SimStoreClient:
@@ -81,8 +78,7 @@ class SimStoreClient:
         ev, self._cut_until = self._cut_until, None
         if ev is not None:
             ev.set()
-            if not self.host.down:
-                self._heal_leases()
+            self._heal_leases()
 
     def crash(self) -> None:
         """The node died: its leases stop being renewed, for good."""
