@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from elastic.agent.server import local_elastic_agent as lae
 from elastic.agent.server.api import WorkerSpec, WorkerState
 from elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from elastic.events import AgentEvent, ListSink, read_events
@@ -238,6 +239,7 @@ def test_unhealthy_gpu_refuses_the_start(
     tmp_path: Path, tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TAG, tag)
+    monkeypatch.setattr(lae, "NVIDIA_CONTROL_DEVICE", __file__)  # "a driver is present"
     gpu = GpuHealth(0, "GPU-x", "A100", "00000000:3B:00.0", None, problems=("lost",))
     verdict = NodeGpuReport(True, (gpu,), None, False, "unhealthy GPUs: GPU 0 (GPU-x): lost")
     monkeypatch.setattr("elastic.gpu.check_node_health", lambda *a, **k: verdict)
@@ -254,6 +256,7 @@ def test_without_nvml_the_cpu_path_runs_and_says_so_once(
     tmp_path: Path, tag: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv(TAG, tag)
+    monkeypatch.setattr(lae, "NVIDIA_CONTROL_DEVICE", __file__)  # reach NVML itself
     calls: list[int] = []
 
     def absent(*a: object, **k: object) -> NodeGpuReport:
@@ -273,6 +276,17 @@ def test_without_nvml_the_cpu_path_runs_and_says_so_once(
     assert calls == [1]  # not asked again: NVML does not appear while the agent runs
     said = [r.message for r in caplog.records if "NVML not available" in r.message]
     assert said == ["NVML not available: CPU only (test); GPU health checks are off"]
+
+
+@pytest.mark.timeout(30)
+def test_without_a_driver_device_nvml_is_not_even_imported(
+    tmp_path: Path, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TAG, tag)
+    monkeypatch.setattr(lae, "NVIDIA_CONTROL_DEVICE", str(tmp_path / "no-such-device"))
+    monkeypatch.setattr("elastic.gpu.check_node_health", lambda *a, **k: pytest.fail("called"))
+    result = asyncio.run(_agent(tmp_path, ListSink()).run_async())
+    assert result is not None and result.state == WorkerState.SUCCEEDED
 
 
 @pytest.mark.timeout(60)

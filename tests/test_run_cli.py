@@ -318,7 +318,9 @@ def test_worker_crashing_once_is_restarted_with_restart_count_1(tmp_path: Path, 
         CRASH_ATTEMPTS="1",
     )
     assert p.returncode == 0, p.stderr
-    assert sorted(f.name for f in out.iterdir()) == ["ran.0.0", "ran.0.1", "ran.1.0", "ran.1.1"]
+    ran = {f.name for f in out.iterdir()}
+    # rank 0's first attempt may be stopped before it gets to run: only the rest is sure
+    assert {"ran.1.0", "ran.0.1", "ran.1.1"} <= ran <= {"ran.0.0", "ran.1.0", "ran.0.1", "ran.1.1"}
 
 
 @pytest.mark.timeout(60)

@@ -84,6 +84,8 @@ TORCHELASTIC_ENABLE_FILE_TIMER = "TORCHELASTIC_ENABLE_FILE_TIMER"
 TORCHELASTIC_TIMER_FILE = "TORCHELASTIC_TIMER_FILE"
 TORCHELASTIC_HEALTH_CHECK_PORT = "TORCHELASTIC_HEALTH_CHECK_PORT"
 DEFAULT_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+#: The NVIDIA driver's control device: without it NVML cannot start.
+NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
 
 
 class SignalException(ElasticError):
@@ -454,7 +456,18 @@ class LocalElasticAgent(SimpleElasticAgent):
         """Refuse to start on unhealthy GPUs; None (go) without NVML or without GPUs."""
         if self._nvml_absent:
             return None  # NVML does not appear while the agent runs
-        from elastic.gpu import check_node_health, say_once
+        from elastic.gpu import say_once
+
+        if not os.path.exists(NVIDIA_CONTROL_DEVICE):
+            # no NVIDIA driver on this host: skip importing pynvml (~25 ms of every launch)
+            self._nvml_absent = True
+            say_once(
+                f"NVML not available: CPU only (no {NVIDIA_CONTROL_DEVICE}); "
+                "GPU health checks are off",
+                logger.info,
+            )
+            return None
+        from elastic.gpu import check_node_health
 
         report = check_node_health()
         if not report.nvml_available:
