@@ -5,8 +5,8 @@ The same function reads a simulated run's events or a real run's JSON-lines log.
 Definitions:
 
 * ``state`` — ``TIMEOUT`` if the run hit ``until``; else ``SUCCEEDED`` if some agent
-  finished SUCCEEDED; else ``FAILED`` if some agent finished FAILED; else the state of
-  the last agent to finish.
+  finished SUCCEEDED; else ``UNHEALTHY`` if an agent ended so and none FAILED; else
+  ``FAILED`` (including a job whose every node crashed or left).
 * ``restarts`` — restarts that spent the budget: the most any one agent spent (what its
   workers saw as ``TORCHELASTIC_RESTART_COUNT`` at the end).
 * ``membership_restarts`` — restarts for membership changes (no budget spent): the most
@@ -98,11 +98,10 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
         states = [str(f.fields.get("state")) for f in finishes]
         if "SUCCEEDED" in states:
             state = "SUCCEEDED"
-        elif "FAILED" in states:
-            state = "FAILED"
-        elif states:
-            state = states[-1]
+        elif "UNHEALTHY" in states and "FAILED" not in states:
+            state = "UNHEALTHY"
         else:
+            # failed, or every node crashed or left before the job finished
             state = "FAILED"
     step_time = float(start.get("step_time", 0.0))
     steps_done = int(end.get("steps_done", 0))

@@ -385,8 +385,9 @@ class SimpleElasticAgent(ElasticAgent):
                 put_metric(f"workers.{role}.{run_result.state.name.lower()}", 1)
                 if run_result.state == WorkerState.SUCCEEDED:
                     self._emit_worker_finals(run_result)
-                    self._group = None
                     await self._exit_barrier()
+                    # the group is stopped in run_async's finally: every worker exited, but
+                    # a daemon a worker left behind must not outlive the agent
                     return run_result
                 self._emit_worker_finals(run_result)
                 if self._remaining_restarts > 0:
