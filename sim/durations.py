@@ -2,7 +2,8 @@
 
 Accepted: an ``int`` or ``float`` number of seconds (``30``, ``0.5``) or a string made of a
 number and one unit, ``ms``, ``s``, ``m``, ``h`` or ``d`` (``"500ms"``, ``"1.5h"``,
-``"10 m"``).  Values are returned as ``float`` seconds.
+``"10 m"``), or several such parts from the largest unit down (``"1h30m"``, ``"2m30s"``).
+Values are returned as ``float`` seconds.
 
 Guarantees:
 
@@ -31,8 +32,10 @@ UNITS: dict[str, Decimal] = {
 }
 
 DURATION_EXPECTED = (
-    "a duration: seconds as a number, or a string like '500ms', '30s', '10m', '1.5h', '2d'"
+    "a duration: seconds as a number, or a string like '500ms', '30s', '10m', '1.5h', '2d', '1h30m'"
 )
+_ORDER = ("d", "h", "m", "s", "ms")
+_PART_RE = re.compile(r"\s*(\d+\.?\d*|\.\d+)\s*(ms|s|m|h|d)")
 
 _DURATION_RE = re.compile(r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(ms|s|m|h|d)\s*")
 
@@ -51,7 +54,7 @@ def parse_duration(value: object) -> float:
     if isinstance(value, str):
         match = _DURATION_RE.fullmatch(value)
         if match is None:
-            raise ValueError(f"expected {DURATION_EXPECTED}")
+            return _compound(value)
         try:
             number = Decimal(match.group(1))
         except InvalidOperation:  # pragma: no cover - the regex admits only decimals
@@ -63,6 +66,28 @@ def parse_duration(value: object) -> float:
             raise ValueError(f"expected {DURATION_EXPECTED} (finite)")
         return seconds
     raise ValueError(f"expected {DURATION_EXPECTED}")
+
+
+def _compound(value: str) -> float:
+    """``"1h30m"``: parts in decreasing units, each unit once, no signs."""
+    pos, total, last = 0, Decimal(0), -1
+    text = value.rstrip()
+    while pos < len(text):
+        m = _PART_RE.match(text, pos)
+        if m is None:
+            raise ValueError(f"expected {DURATION_EXPECTED}")
+        rank = _ORDER.index(m.group(2))
+        if rank <= last:
+            raise ValueError(f"expected {DURATION_EXPECTED} (units from largest to smallest)")
+        last = rank
+        total += Decimal(m.group(1)) * UNITS[m.group(2)]
+        pos = m.end()
+    if last < 0:
+        raise ValueError(f"expected {DURATION_EXPECTED}")
+    seconds = float(total)
+    if not math.isfinite(seconds):
+        raise ValueError(f"expected {DURATION_EXPECTED} (finite)")
+    return seconds
 
 
 def format_duration(seconds: float) -> str | float:

@@ -178,7 +178,7 @@ def _apply(c: Cluster, f: Fault, index: int) -> None:
         if node is not None:
             node.crash()
             if f.restart_after is not None:
-                clock.spawn(c.restart_later(node, f.restart_after), name=f"restart-{node.id}")
+                c.restart_later(node, f.restart_after)
     elif k is FaultKind.NODE_JOIN:
         count = f.count or 1
         new = [c.add_node() for _ in range(count)]
@@ -222,6 +222,7 @@ def _apply(c: Cluster, f: Fault, index: int) -> None:
             if group is not None:
                 group.crash(f.local_rank or 0, -6)
             if f.restart_after is not None:
+                c.pending_starts += 1  # at once: see Cluster.restart_later
                 clock.spawn(_repair(c, node, f.restart_after), name=f"repair-{node.id}")
     fields["applied"] = applied
     c.emit("sim.fault", **fields)
@@ -245,7 +246,6 @@ async def _preempt(node: SimNode, notice: float) -> None:
 
 async def _repair(c: Cluster, node: SimNode, after: float) -> None:
     """The node with a bad GPU is taken out, repaired, and boots a fresh agent."""
-    c.pending_starts += 1
     try:
         await c.clock.sleep(after)
         node.gpu_bad = False

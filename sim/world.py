@@ -187,8 +187,13 @@ class Cluster:
     def emit(self, kind: str, node: int | str = "sim", **fields: Any) -> None:
         self.events.emit(AgentEvent(t=self.clock.now(), node=node, kind=kind, fields=fields))
 
-    async def restart_later(self, node: SimNode, after: float) -> None:
+    def restart_later(self, node: SimNode, after: float) -> None:
+        """Boot ``node`` again ``after`` seconds from now (counted as pending at once, so a
+        job whose last node just crashed does not end before its restart)."""
         self.pending_starts += 1
+        self.clock.spawn(self._restart_later(node, after), name=f"restart-{node.id}")
+
+    async def _restart_later(self, node: SimNode, after: float) -> None:
         try:
             await self.clock.sleep(after)
             if not node.alive and not self.finished.is_set():

@@ -32,6 +32,9 @@ from sim.durations import format_duration, parse_duration
         (".5s", 0.5),
         ("1e3ms", 1.0),
         ("+3s", 3.0),
+        ("1h30m", 5400.0),
+        ("2m30s", 150.0),
+        ("1d2h3m4s5ms", 93784.005),
     ],
 )
 def test_parse_duration_reads_numbers_and_units_to_float_seconds(
@@ -53,7 +56,9 @@ def test_parse_duration_reads_numbers_and_units_to_float_seconds(
         (math.nan, "finite"),
         ("10", "expected a duration"),  # a string needs a unit
         ("10 minutes", "expected a duration"),
-        ("1h30m", "expected a duration"),
+        ("30m1h", "largest to smallest"),
+        ("1h1h", "largest to smallest"),
+        ("1h30x", "expected a duration"),
         ("s", "expected a duration"),
         ("", "expected a duration"),
         (True, "expected a duration"),
