@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
 
 __all__ = ["main"]
 
@@ -23,6 +22,9 @@ USAGE = """usage: elastic {sim,run} ...
 
 
 def _plugins() -> dict[str, Callable[[Sequence[str]], int]]:
+    # imported here: importlib.metadata costs ~15 ms that `elastic run` should not pay
+    from importlib.metadata import entry_points
+
     return {ep.name: ep.load() for ep in entry_points(group="elastic.commands")}
 
 
