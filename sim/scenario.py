@@ -1,8 +1,9 @@
 """Scenario files: load, validate and write back the YAML that describes a simulated run.
 
 Theory of operation.  The text is parsed with PyYAML's composer (``yaml.compose`` with
-``SafeLoader``), which yields a tree of nodes that still carry their line numbers, and never
-with a constructor that could build arbitrary objects.  A small schema walker reads that tree
+``SafeLoader``, libyaml's when available, after a check of the nesting depth), which yields
+a tree of nodes that still carry their line numbers, and never with a constructor that
+could build arbitrary objects.  A small schema walker reads that tree
 into frozen dataclasses: every mapping is checked for unknown and duplicate keys first, every
 scalar is converted by a reader that knows what it expects.  The first problem found raises
 :class:`elastic.errors.ConfigError` whose ``where`` is ``"<file>:<line>"`` and whose message
@@ -70,9 +71,10 @@ __all__ = [
 ]
 
 #: A scenario file larger than this is refused before parsing (DESIGN §3: size limits).
-MAX_SCENARIO_BYTES = 1 << 20
-#: Rate faults may draw at most this many faults per run in expectation (and twice that at most).
-MAX_EXPANDED_FAULTS = 100_000
+MAX_SCENARIO_BYTES = 4 << 20
+#: Rate faults may draw at most this many faults per run in expectation (twice that at most),
+#: so that the run written back as an explicit scenario stays under MAX_SCENARIO_BYTES.
+MAX_EXPANDED_FAULTS = 10_000
 #: The simulation gives up at this simulated time unless ``until:`` says otherwise.
 DEFAULT_UNTIL = 7 * 86400.0
 
@@ -80,6 +82,12 @@ DEFAULT_UNTIL = 7 * 86400.0
 # cannot fit in memory; they are far above anything a real cluster has.
 _MAX_NODES = 1_000_000
 _MAX_NPROC = 4096
+
+# libyaml's parser (when PyYAML was built with it) is about 7x faster than the pure-Python
+# one.  Its composer recurses in C with no depth limit and crashes the process on ~100k
+# nested brackets, so _check_depth walks the parser's events (produced iteratively) first.
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_DUMPER_BASE: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 class FaultKind(enum.StrEnum):
@@ -370,17 +378,13 @@ class Scenario:
             )
             # PyYAML writes some characters (NEL U+0085, U+2028) raw that read back as line
             # breaks; escaping all non-ASCII is the exact fallback
-            if yaml.safe_load(text) == data:
+            if yaml.load(text, Loader=_LOADER) == data:
                 break
         return text
 
 
 class _FlowDict(dict[str, Any]):
     """A mapping written in flow style (``{at: 10m, kind: worker_crash}``)."""
-
-
-class _ScenarioDumper(yaml.SafeDumper):
-    """SafeDumper that writes :class:`_FlowDict` in flow style and lists as in the examples."""
 
 
 def _represent_flow(dumper: yaml.SafeDumper, data: _FlowDict) -> yaml.Node:
@@ -393,6 +397,9 @@ def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
     return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
 
 
+# a SafeDumper (libyaml's when available) writing _FlowDict in flow style, lists as in
+# the examples; built with type() because its base is chosen at import time
+_ScenarioDumper: Any = type("_ScenarioDumper", (_DUMPER_BASE,), {})
 _ScenarioDumper.add_representer(_FlowDict, _represent_flow)
 _ScenarioDumper.add_representer(list, _represent_list)
 
@@ -452,7 +459,8 @@ def load_scenario_text(text: str, name: str = "<string>") -> Scenario:
             name, f"the text is longer than {MAX_SCENARIO_BYTES} characters; expected a scenario"
         )
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_depth(text, name)
+        root = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         line = mark.line + 1 if mark is not None else 1
@@ -468,17 +476,33 @@ def load_scenario_text(text: str, name: str = "<string>") -> Scenario:
     except yaml.YAMLError as error:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ConfigError(f"{name}:1", f"YAML error: {first}") from None
-    except RecursionError:
-        # PyYAML's composer recurses once per nesting level; no scenario nests this deep
-        raise ConfigError(
-            f"{name}:1", "the YAML nests too deeply; expected a scenario mapping"
-        ) from None
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == _TAG + "null"):
         raise ConfigError(
             f"{name}:1",
             "the file is empty; expected a scenario mapping with at least cluster: and job:",
         )
     return _ScenarioReader(_Ctx(name)).read(root)
+
+
+#: A scenario nests about four levels (faults → fault → nodes); this is far above that.
+_MAX_DEPTH = 64
+
+
+def _check_depth(text: str, name: str) -> None:
+    """Refuse YAML nested deeper than :data:`_MAX_DEPTH` before any recursive composing."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_LOADER):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > _MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark is not None else 1
+                raise ConfigError(
+                    f"{name}:{line}",
+                    f"the YAML nests more than {_MAX_DEPTH} levels deep; expected a scenario "
+                    "mapping a few levels deep",
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 # ---------------------------------------------------------------------------- the walker
