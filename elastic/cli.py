@@ -18,6 +18,7 @@ USAGE = """usage: elastic {sim,run} ...
 
   elastic sim SCENARIO.yaml [--seed N] [--json]   run a failure scenario in the simulator
   elastic run [torchrun flags] SCRIPT [ARGS...]    launch real workers, like torchrun
+  elastic report EVENTS.jsonl [--json]             the report of a real or simulated run
 """
 
 

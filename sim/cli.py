@@ -20,7 +20,7 @@ from sim.expect import check
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
 
-__all__ = ["main"]
+__all__ = ["main", "report_main"]
 
 
 def _sim_parser() -> argparse.ArgumentParser:
@@ -54,7 +54,7 @@ def _human(report: dict[str, Any], failures: list[str]) -> str:
         ("scenario", report.get("name", "")),
         ("seed", report["seed"]),
         ("state", report["state"]),
-        ("sim time", f"{report['sim_time_s']:.1f} s ({report['sim_time_s'] / 3600:.2f} h)"),
+        ("run time", f"{report['sim_time_s']:.3f} s ({report['sim_time_s'] / 3600:.2f} h)"),
         ("steps done", report["steps_done"]),
         ("goodput", f"{report['goodput']:.4f}"),
         ("world size", report["world_size"]),
@@ -137,3 +137,35 @@ def main(argv: Sequence[str]) -> int:
         if failures:
             print(f"replay: elastic sim {args.scenario} --seed {scenario.seed}")
     return 1 if failures else 0
+
+
+def report_main(argv: Sequence[str]) -> int:
+    """``elastic report EVENTS.jsonl [--json]``: the report of any run, real or simulated."""
+    p = argparse.ArgumentParser(
+        prog="elastic report",
+        description="Build the run report from a JSON-lines event log "
+        "(elastic run --event-log, or elastic sim --events).",
+    )
+    p.add_argument("events", help="the event log")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    args = p.parse_args(list(argv))
+    from elastic.events import read_events
+    from sim.report import build_report
+
+    try:
+        with open(args.events, encoding="utf-8") as f:
+            events = read_events(f)
+    except OSError as e:
+        print(f"elastic report: {args.events}: cannot read it: {e.strerror}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError, TypeError) as e:
+        print(f"elastic report: {args.events}: not an event log ({e})", file=sys.stderr)
+        return 2
+    report = build_report(events)
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0
+    report.setdefault("sim_events", 0)
+    report.setdefault("wall_s", 0.0)
+    print(_human(report, []))
+    return 0

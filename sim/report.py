@@ -51,6 +51,20 @@ REPORT_KEYS = (
 
 def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
     evs = list(events)
+    # a real run's log has no sim.* events: a worker failure, a membership change or an
+    # unhealthy verdict breaks the group, and the next group start ends the recovery
+    simulated = any(e.kind == "sim.start" for e in evs)
+    breaks = (
+        {"sim.world_broken"}
+        if simulated
+        else {
+            "torchelastic.worker.status.FAILED",
+            "agent.membership_change",
+            "agent.unhealthy",
+        }
+    )
+    resumes = "sim.world_running" if simulated else "agent.group_started"
+    t0 = evs[0].t if evs else 0.0
     start: dict[str, Any] = {}
     end: dict[str, Any] = {}
     end_t = 0.0
@@ -85,9 +99,9 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
             world_size = int(e.fields.get("world_size", world_size))
         elif k in ("agent.unhealthy", "watchdog.kill_worker_process"):
             hangs += 1
-        elif k == "sim.world_broken":
+        if k in breaks:
             pending_faults.append(e.t)
-        elif k == "sim.world_running":
+        elif k == resumes and pending_faults:
             recoveries.extend(e.t - t for t in pending_faults)
             pending_faults = []
     if not end_t and evs:
@@ -105,6 +119,7 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
             state = "FAILED"
     step_time = float(start.get("step_time", 0.0))
     steps_done = int(end.get("steps_done", 0))
+    end_t -= t0
     goodput = steps_done * step_time / end_t if end_t > 0 else 0.0
     recovery = [round(r, 6) for r in recoveries]
     return {
@@ -122,6 +137,6 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
         "recovery_s_max": max(recovery, default=0.0),
         "recovery_count": len(recovery),
         "hangs_detected": hangs,
-        "final_nodes": int(end.get("final_nodes", 0)),
+        "final_nodes": int(end.get("final_nodes", len({f.node for f in finishes}))),
         "seed": start.get("seed", 0),
     }

@@ -6,8 +6,9 @@ operation costs one simulated round trip (``latency``; zero latency costs no eve
 During a store outage, or while a node is cut off from the store, the node's
 operations wait until the store is reachable again (a retrying client).  A node cut
 off by a partition stops renewing its leases: they expire ``ttl`` after the cut unless
-it heals first.  A store outage expires nobody's lease (no store runs to expire them).  A node crash abandons every lease its client holds.  No event is spent per
-lease renewal (DESIGN §2).
+it heals first.  A store outage expires nobody's lease (no store runs to expire them).
+A node crash abandons every lease its client holds.  No event is spent per lease
+renewal (DESIGN §2).
 """
 
 from __future__ import annotations
