@@ -942,7 +942,8 @@ class _ScenarioReader:
                 f"got {max_nodes}; expected ≥ min_nodes ({min_nodes})",
             )
         if backend is RendezvousBackend.STATIC:
-            for key, value in (("min_nodes", min_nodes), ("max_nodes", max_nodes)):
+            # max first: a max_nodes given alone also lowers the default min_nodes
+            for key, value in (("max_nodes", max_nodes), ("min_nodes", min_nodes)):
                 if value != cluster.nodes:
                     raise self.ctx.error(
                         m.line_of(key),

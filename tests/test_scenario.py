@@ -680,6 +680,7 @@ def test_fault_fields_are_validated_per_kind(fault: str, fragment: str) -> None:
             "rendezvous.min_nodes: got 1; expected 2 (cluster.nodes)",
         ),
         ("{join_timeout: 0}", "rendezvous.join_timeout: got 0"),
+        ("{backend: static, max_nodes: 1}", "rendezvous.max_nodes: got 1; expected 2"),
     ],
 )
 def test_rendezvous_settings_are_validated(rendezvous: str, fragment: str) -> None:
