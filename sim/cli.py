@@ -38,6 +38,9 @@ def _sim_parser() -> argparse.ArgumentParser:
         help="run twice and fail unless both event logs are byte-identical",
     )
     p.add_argument(
+        "--plot", metavar="FILE", help="draw the timeline (PNG/SVG/PDF; needs matplotlib)"
+    )
+    p.add_argument(
         "--write-faults",
         metavar="FILE",
         help="write the scenario back with every fault explicit (rate faults drawn)",
@@ -88,6 +91,20 @@ def _human(report: dict[str, Any], failures: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _plot(events: Sequence[Any], path: str, title: str) -> int:
+    try:
+        from sim.plot import plot_timeline
+
+        plot_timeline(events, path, title)
+    except ImportError:
+        print("elastic: --plot needs matplotlib: pip install 'elastic[plot]'", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"elastic: --plot {path}: cannot write it: {e.strerror}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str]) -> int:
     args = _sim_parser().parse_args(list(argv))
     try:
@@ -123,6 +140,10 @@ def main(argv: Sequence[str]) -> int:
     if args.events:
         with open(args.events, "wb") as f:
             f.write(_log_bytes(result.events))
+    if args.plot:
+        code = _plot(result.events, args.plot, scenario.name)
+        if code:
+            return code
     if args.write_faults:
         explicit: Scenario = scenario.with_faults(result.faults)
         with open(args.write_faults, "w") as f:
@@ -148,6 +169,9 @@ def report_main(argv: Sequence[str]) -> int:
     )
     p.add_argument("events", help="the event log")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.add_argument(
+        "--plot", metavar="FILE", help="draw the timeline (PNG/SVG/PDF; needs matplotlib)"
+    )
     args = p.parse_args(list(argv))
     from elastic.events import read_events
     from sim.report import build_report
@@ -162,6 +186,8 @@ def report_main(argv: Sequence[str]) -> int:
         print(f"elastic report: {args.events}: not an event log ({e})", file=sys.stderr)
         return 2
     report = build_report(events)
+    if args.plot and (code := _plot(events, args.plot, args.events)):
+        return code
     if args.json:
         print(json.dumps(report, sort_keys=True))
         return 0

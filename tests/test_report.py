@@ -70,3 +70,26 @@ def test_a_real_runs_log_reports_recovery_from_failure_to_the_next_group() -> No
     assert r["rendezvous_rounds"] == 2
     assert r["recovery_s"] == [pytest.approx(0.3)]
     assert r["sim_time_s"] == pytest.approx(20.0)
+
+
+@pytest.mark.timeout(120)
+def test_plot_draws_the_timeline_from_the_event_log(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "timeline.png"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "elastic.cli",
+            "sim",
+            str(ROOT / "scenarios" / "node_crash_comes_back.yaml"),
+            "--plot",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 10_000
