@@ -5,10 +5,15 @@ Theory of operation
 :class:`ProcessWorkers` implements :class:`elastic.workers.WorkersPort` on an asyncio
 event loop (it uses asyncio directly; it does not need the clock port).
 
-Starting.  Each worker is started with ``os.posix_spawn`` (no Python code runs between
-``fork`` and ``exec``, safe with threads) through the exec shim
-(:mod:`elastic.real._exec_shim`), which sets the worker's parent-death signal and then
-``exec``'s the worker in place — same pid.  An executable entrypoint is resolved on the
+Starting.  Each worker is started by the C extension :mod:`elastic.real._spawn`: between
+``vfork`` and ``exec`` (no Python code runs there, safe with threads) it joins its own
+process group, gets its streams, sets its parent-death signal (``SIGKILL`` when the
+agent's event-loop thread dies) and checks the agent is still its parent — one ``exec``,
+no second interpreter.  Where the extension was not built (no C compiler at install
+time) the worker is started with ``os.posix_spawn`` through the exec shim
+(:mod:`elastic.real._exec_shim`), which does the same in Python and then ``exec``'s the
+worker in place (same pid, ~15 ms and a second interpreter's CPU more per worker).
+An executable entrypoint is resolved on the
 worker's ``PATH`` first (a missing one is a one-line :class:`~elastic.errors.ConfigError`);
 ``${local_rank}`` in string arguments becomes the local rank.  A function entrypoint is
 run by :mod:`elastic.real._fn_runner`: with ``start_method="spawn"`` the function is found
@@ -41,7 +46,12 @@ every descendant found by parentage or marker (:mod:`elastic.real.proctree`), wa
 on pidfds, not by polling — up to ``grace`` for all of them, then SIGKILLs and rescans
 until nothing is left.  If the agent itself dies, the workers die by their death signal
 and their descendants by the reaper sidecar (:mod:`elastic.real.reaper`); the agent is a
-child subreaper so orphans stay in its tree while it lives.
+child subreaper so orphans stay in its tree while it lives.  The sidecar is started right
+after the first group's workers, not before, so its interpreter does not delay theirs;
+that leaves no window that matters: until it is spawned (the same synchronous call that
+spawned the workers, microseconds) no worker has run a line of code, let alone started a
+descendant, and once spawned it checks at start-up that the agent is still its parent
+(killing every marked process if not).
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ import asyncio
 import contextlib
 import ctypes
 import enum
+import errno
 import io
 import json
 import logging
@@ -73,6 +84,11 @@ from elastic.multiprocessing.tail import TeeSink, default_header
 from elastic.real import _fn_runner, proctree
 from elastic.real.reaper import ReaperSidecar
 from elastic.workers import ExitCause, WorkerExit, WorkerLaunch
+
+try:  # the C start path; absent when the extension could not be built
+    from elastic.real import _spawn as _cspawn
+except ImportError:  # pragma: no cover - depends on the install
+    _cspawn = None  # type: ignore[assignment]
 
 __all__ = ["ProcessGroup", "ProcessWorkers", "StartMethod", "substitute_local_rank"]
 
@@ -551,8 +567,6 @@ class ProcessWorkers:
         by_rank = {la.local_rank: la for la in launches}
         if self._subreaper and not self._became_subreaper:
             self._became_subreaper = proctree.become_subreaper()
-        if self._sidecar is not None:
-            self._sidecar.start()
 
         # the logs specs read run id and attempt from the env; they may only add
         # TORCHELASTIC_ERROR_FILE to what the worker gets
@@ -579,6 +593,11 @@ class ProcessWorkers:
         except BaseException:
             await group.stop(0.0, signal.SIGKILL)
             raise
+        # after the workers (its interpreter start must not delay theirs) and before any
+        # await, so before any worker could have started a descendant; see the module
+        # docstring
+        if self._sidecar is not None:
+            self._sidecar.start()
         return group
 
     # -- one worker ----------------------------------------------------------------------
@@ -658,13 +677,7 @@ class ProcessWorkers:
                 assert result_path is not None
                 pid = self._fork(fork_fn, args, env, dups, result_path)
             else:
-                pid = os.posix_spawn(
-                    sys.executable,
-                    [sys.executable, "-I", "-S", _SHIM, str(os.getpid()), *argv],
-                    env,
-                    file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in dups],
-                    setpgroup=0,
-                )
+                pid = _spawn(argv, env, dups)
         finally:
             for fd in to_close:
                 os.close(fd)
@@ -723,6 +736,43 @@ class ProcessWorkers:
                 traceback.print_exc()
         finally:
             os._exit(code)
+
+
+def _spawn(argv: list[str], env: Mapping[str, str], dups: list[tuple[int, int]]) -> int:
+    """Start ``argv[0]`` (a path) as ``argv[1:]``, tied to the agent; return its pid.
+
+    In its own process group, with ``dups`` (agent fd, child fd) applied and
+    ``PR_SET_PDEATHSIG=SIGKILL`` set before it runs.  ``argv`` is the executable
+    followed by the worker's ``argv`` (``argv[1]`` is its ``argv[0]``).
+    """
+    agent = os.getpid()
+    if _cspawn is None:
+        return os.posix_spawn(
+            sys.executable,
+            [sys.executable, "-I", "-S", _SHIM, str(agent), *argv],
+            env,
+            file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in dups],
+            setpgroup=0,
+        )
+    path = argv[0]
+    try:
+        return _cspawn.spawn(
+            os.fsencode(path),
+            [os.fsencode(a) for a in argv[1:]],
+            [os.fsencode(f"{k}={v}") for k, v in env.items()],
+            dups,
+            pgid=0,
+            pdeathsig=signal.SIGKILL,
+            parent_pid=agent,
+        )
+    except (FileNotFoundError, PermissionError) as e:
+        raise ConfigError("entrypoint", f"cannot execute {path!r}: {e.strerror}") from None
+    except OSError as e:
+        if e.errno == errno.ENOEXEC:
+            raise ConfigError(
+                "entrypoint", f"cannot execute {path!r}: not a program or script ({e.strerror})"
+            ) from None
+        raise ElasticError(f"cannot start worker {path!r}: {e}") from None
 
 
 def _resolve_executable(entrypoint: str, env: Mapping[str, str]) -> str:
