@@ -13,6 +13,7 @@ imported only once the arguments are good): launch latency is a benchmark.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -37,19 +38,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     from elastic.errors import ConfigError
 
     _configure_logging()
+    # The agent's modules make tens of thousands of objects that live as long as the
+    # process.  Collecting while they are made finds nothing; freezing them afterwards
+    # keeps every later collection (and the one at exit) from walking them again.
+    # Together ≈15 ms of each launch.  Only objects that exist now are frozen: a caller's
+    # garbage made before this call is kept, not freed (one-off, small).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        from elastic.run_args import parse
+        try:
+            from elastic.run_args import parse
 
-        config, cmd, cmd_args = parse(sys.argv[1:] if argv is None else list(argv))
-    except ConfigError as e:
-        print(f"{_PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # argparse: --help (0) or a bad flag (2, one line printed)
-        return e.code if isinstance(e.code, int) else 2
+            config, cmd, cmd_args = parse(sys.argv[1:] if argv is None else list(argv))
+        except ConfigError as e:
+            print(f"{_PROG}: error: {e}", file=sys.stderr)
+            return 2
+        except SystemExit as e:  # argparse: --help (0) or a bad flag (2, one line printed)
+            return e.code if isinstance(e.code, int) else 2
 
-    from elastic.agent.server.local_elastic_agent import SignalException
-    from elastic.launcher.api import LaunchError, elastic_launch
-    from elastic.multiprocessing.errors import ChildFailedError
+        from elastic.agent.server.local_elastic_agent import SignalException
+        from elastic.launcher.api import LaunchError, elastic_launch
+        from elastic.multiprocessing.errors import ChildFailedError
+
+        _import_agent_modules()
+        gc.freeze()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
 
     try:
         elastic_launch(config, cmd)(*cmd_args)
@@ -67,6 +82,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _import_agent_modules() -> None:
+    """What the agent imports once running, imported now so that it is frozen too."""
+    import elastic.memstore
+    import elastic.real.clock
+    import elastic.real.workers
+    import elastic.rendezvous.dynamic  # noqa: F401  # --standalone and c10d
 
 
 def _pass_root_cause_up(e: object) -> None:
