@@ -1,8 +1,11 @@
 """Exec shim: tie a worker's life to its agent, then become the worker.
 
-Run by the launcher as ``python -I -S <this file> <agent_pid> <executable> <argv0> [args...]``
-(isolated, without site-packages: it starts in ~15 ms and imports only the standard
-library).  It
+The fallback start path: workers normally start through the C extension
+:mod:`elastic.real._spawn`, which does all of the below between ``vfork`` and ``exec``
+without a second interpreter.  Where that extension was not built (no C compiler when
+the package was installed), the launcher runs this file as
+``python -I -S <this file> <agent_pid> <executable> <argv0> [args...]`` (isolated,
+without site-packages: it starts in ~15 ms and imports only the standard library).  It
 
 1. sets ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel SIGKILLs this process when the
    thread that started it (the agent's event-loop thread) dies, whatever the cause;
