@@ -10,7 +10,9 @@ medians and the ratio elastic/torchrun:
    moment rank 1 exits 1 (it writes ``time.time()`` just before) to the first line of
    the restarted rank 1.  The floor is the same interpreter starting the same script
    (``Popen`` → first line).
-2. launch → exit of a no-op job with 1, 2 and 4 workers (wall time of the command).
+2. launch → exit of a no-op job with 1, 2 and 4 workers (wall time of the command);
+   the note gives the same number of worker interpreters started together by ``Popen``
+   alone, which any launcher pays on this machine.
 3. agent RSS while the workers sleep (elastic: agent + its reaper sidecar).
 4. agent CPU time (user + system) over 10 s while the workers sleep.
 5. SIGTERM to the agent → every process gone, with workers (and a grandchild each)
@@ -151,6 +153,18 @@ def launch(system: str, d: Path, n: int) -> float:
     return time.monotonic() - t0
 
 
+def workers_alone(d: Path, n: int) -> float:
+    """Wall time of ``n`` no-op workers started together by plain ``Popen``: the part of
+    a launch that any launcher pays on this machine."""
+    out = Path(tempfile.mkdtemp(dir=d))
+    train = _write(out, "noop.py", "")
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([PY, "-u", train]) for _ in range(n)]
+    for p in procs:
+        p.wait(60)
+    return time.monotonic() - t0
+
+
 def _agent_procs(agent: psutil.Process) -> list[psutil.Process]:
     """The agent, plus (for elastic) its reaper sidecar: a child that is not a worker."""
     procs = [agent]
@@ -230,6 +244,14 @@ def ab(runs: int, fn: Callable[[str], float]) -> dict[str, list[float]]:
     return res
 
 
+def _start_path() -> str:
+    try:
+        import elastic.real._spawn  # noqa: F401
+    except ImportError:
+        return "the Python exec shim (the C extension elastic.real._spawn is not built)"
+    return "C (elastic.real._spawn: vfork → PR_SET_PDEATHSIG → exec)"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -258,13 +280,14 @@ def main() -> int:
         for n in (1, 2, 4):
             print(f"launch -> exit, {n} workers", file=sys.stderr)
             r = ab(a.runs, lambda s, n=n: launch(s, d, n))
+            alone = med(workers_alone(d, n) for _ in range(a.runs))
             rows.append(
                 (
                     f"no-op job launch → exit, {n} worker(s) (s)",
                     med(r["elastic"]),
                     med(r["torchrun"]),
                     "≤ 1/10",
-                    "",
+                    f"{n} worker interpreter(s) alone: {alone:.3f} s",
                 )
             )
         print("idle agent: RSS and CPU", file=sys.stderr)
@@ -312,6 +335,7 @@ def main() -> int:
         f"{platform.system()} {platform.release()}; load average at the end "
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}.",
         f"Runs: {a.runs} per system, A/B interleaved (idle: {max(1, a.runs // 2)}); medians.",
+        f"Worker start path: {_start_path()}.",
         "",
         "| measurement | elastic | torchrun | elastic/torchrun | target | note |",
         "|---|---:|---:|---:|---|---|",
