@@ -261,7 +261,7 @@ class ProcessGroup:
             # once per loop iteration however many workers exited in it (stop() adopts
             # at its end itself)
             self._adopt_scheduled = True
-            self._loop.call_soon(self._adopt_orphans)
+            self._loop.call_soon(self._adopt_after_exit)
         if not self.running() and not self._stopping:
             self._finish()
 
@@ -277,6 +277,14 @@ class ProcessGroup:
             if verdict.oom:
                 return ExitCause.OOM_KILLED
         return ExitCause.SIGNALED
+
+    def _adopt_after_exit(self) -> None:
+        if self._stopping:
+            # the agent reacted to the exit by stopping the group (a restart): the stop
+            # scans /proc and adopts at its end itself; one scan fewer before the restart
+            self._adopt_scheduled = False
+            return
+        self._adopt_orphans()
 
     def _adopt_orphans(self, scan: bool = True) -> None:
         """Watch descendants re-parented to the agent (a subreaper) so their exits are reaped.
@@ -421,6 +429,7 @@ class ProcessGroup:
             victims = {p: v for p, v in victims.items() if not v.exited}
             victims.update(self._tree(victims))
             if not self._live() and not victims:
+                nothing_left = True  # this scan found nothing: the one below would not
                 break
             self._send_all(signal.SIGKILL, victims)
             if not await self._wait_gone(victims, deadline - time.monotonic()):
