@@ -1,0 +1,69 @@
+"""The reaper sidecar tells a clean exit from a death, even when it starts after the agent left."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import psutil
+import pytest
+
+from elastic.real.reaper import MARKER
+
+PY = sys.executable
+
+# an "agent" that starts its sidecar, says "q" (its workers are stopped) and exits at
+# once: the sidecar is still starting and finds its parent gone when it looks
+AGENT = """
+import sys
+from elastic.real.reaper import ReaperSidecar
+s = ReaperSidecar(sys.argv[1])
+print(s.start(), flush=True)
+if sys.argv[2] == "clean":
+    s.request_exit()
+"""
+
+
+def _run_agent(marker: str, how: str) -> int:
+    out = subprocess.run(
+        [PY, "-c", textwrap.dedent(AGENT), marker, how],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return int(out.stdout.strip())
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["clean", "died"])
+def test_sidecar_kills_marked_processes_only_when_the_agent_did_not_say_quit(how: str) -> None:
+    marker = uuid.uuid4().hex
+    victim = subprocess.Popen(["sleep", "30"], env={**os.environ, MARKER: marker})
+    try:
+        sidecar = _run_agent(marker, how)
+        assert _wait_gone(sidecar, 10.0), "the sidecar did not exit"
+        if how == "clean":
+            time.sleep(0.1)
+            assert victim.poll() is None, "a clean exit was taken for the agent's death"
+        else:
+            assert victim.wait(10) == -9  # the agent died without a word: kill
+    finally:
+        victim.kill()
+        victim.wait()
