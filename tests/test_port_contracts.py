@@ -68,7 +68,7 @@ def test_cancelled_type_is_the_same_in_both_worlds(world: str) -> None:
         t.cancel()
         try:
             await t.join()
-        except BaseException as e:  # noqa: BLE001 - the type is what we test
+        except BaseException as e:
             return type(e)
         raise AssertionError("join did not raise")
 

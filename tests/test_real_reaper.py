@@ -12,7 +12,7 @@ import uuid
 import psutil
 import pytest
 
-from elastic.real.reaper import MARKER
+from elastic.real.proctree import Marker
 
 PY = sys.executable
 
@@ -21,16 +21,16 @@ PY = sys.executable
 AGENT = """
 import sys
 from elastic.real.reaper import ReaperSidecar
-s = ReaperSidecar(sys.argv[1])
+s = ReaperSidecar(sys.argv[1:4])
 print(s.start(), flush=True)
-if sys.argv[2] == "clean":
+if sys.argv[4] == "clean":
     s.request_exit()
 """
 
 
-def _run_agent(marker: str, how: str) -> int:
+def _run_agent(marker: Marker, how: str) -> int:
     out = subprocess.run(
-        [PY, "-c", textwrap.dedent(AGENT), marker, how],
+        [PY, "-c", textwrap.dedent(AGENT), *marker.argv(), how],
         capture_output=True,
         text=True,
         check=True,
@@ -54,8 +54,13 @@ def _wait_gone(pid: int, timeout: float) -> bool:
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("how", ["clean", "died"])
 def test_sidecar_kills_marked_processes_only_when_the_agent_did_not_say_quit(how: str) -> None:
-    marker = uuid.uuid4().hex
-    victim = subprocess.Popen(["sleep", "30"], env={**os.environ, MARKER: marker})
+    # the agent's marker is a prefix of its workers' error file paths
+    run_dir = f"/tmp/no-such-dir/{uuid.uuid4().hex}/"
+    marker = Marker("TORCHELASTIC_ERROR_FILE", run_dir, prefix=True)
+    victim = subprocess.Popen(
+        ["sleep", "30"],
+        env={**os.environ, "TORCHELASTIC_ERROR_FILE": run_dir + "attempt_0/0/error.json"},
+    )
     try:
         sidecar = _run_agent(marker, how)
         assert _wait_gone(sidecar, 10.0), "the sidecar did not exit"

@@ -60,19 +60,24 @@ def wait_all_gone(pids: set[int], timeout: float) -> tuple[bool, float]:
         time.sleep(0.005)
 
 
+Sweep = list[ProcessWorkers | proctree.Marker]
+
+
 @pytest.fixture
-def sweep() -> Iterator[list[str]]:
-    """Yields a list to put agent instances in; fails the test if anything is left."""
+def sweep() -> Iterator[list[ProcessWorkers | proctree.Marker]]:
+    """Yields a list to put agents (or their markers) in; fails the test if anything is left."""
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
-    instances: list[str] = []
-    yield instances
+    agents: list[ProcessWorkers | proctree.Marker] = []
+    yield agents
+    markers = [a.agent_marker if isinstance(a, ProcessWorkers) else a for a in agents]
     leftovers: set[int] = set()
     deadline = time.monotonic() + 3.0
     while True:
         leftovers = {p.pid for p in me.children(recursive=True) if p.pid not in before}
-        for inst in instances:
-            leftovers |= proctree.pids_with_env(proctree.AGENT_MARKER, inst)
+        for m in markers:
+            if m is not None:
+                leftovers |= proctree.pids_with_env(m)
         leftovers = {p for p in leftovers if not _gone(p)}
         if not leftovers or time.monotonic() > deadline:
             break
@@ -83,12 +88,12 @@ def sweep() -> Iterator[list[str]]:
     assert not leftovers, f"processes left behind: {sorted(leftovers)}"
 
 
-def make_workers(sweep: list[str], tmp_path: Path, **kw: Any) -> ProcessWorkers:
+def make_workers(sweep: Sweep, tmp_path: Path, **kw: Any) -> ProcessWorkers:
     kw.setdefault("console_out", io.BytesIO())
     kw.setdefault("console_err", io.BytesIO())
     specs = kw.pop("logs_specs", None) or DefaultLogsSpecs(str(tmp_path / "logs"))
     pw = ProcessWorkers(specs, **kw)
-    sweep.append(pw.instance)
+    sweep.append(pw)
     return pw
 
 
@@ -139,7 +144,7 @@ def fn_exit(code: int) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_exit_codes_signals_and_order_are_reported(sweep: list[str], tmp_path: Path) -> None:
+def test_exit_codes_signals_and_order_are_reported(sweep: Sweep, tmp_path: Path) -> None:
     async def main() -> list[WorkerExit]:
         async with make_workers(sweep, tmp_path) as pw:
             group = await pw.start(
@@ -165,9 +170,7 @@ def test_exit_codes_signals_and_order_are_reported(sweep: list[str], tmp_path: P
 
 
 @pytest.mark.timeout(60)
-def test_exit_is_reported_within_milliseconds_of_the_kernel(
-    sweep: list[str], tmp_path: Path
-) -> None:
+def test_exit_is_reported_within_milliseconds_of_the_kernel(sweep: Sweep, tmp_path: Path) -> None:
     """The worker writes CLOCK_MONOTONIC just before ``_exit``; the report follows at once."""
     stamp = tmp_path / "stamp"
     code = f"""
@@ -192,9 +195,7 @@ def test_exit_is_reported_within_milliseconds_of_the_kernel(
 
 
 @pytest.mark.timeout(60)
-def test_signal_sent_by_agent_is_reported_as_stopped_by_agent(
-    sweep: list[str], tmp_path: Path
-) -> None:
+def test_signal_sent_by_agent_is_reported_as_stopped_by_agent(sweep: Sweep, tmp_path: Path) -> None:
     async def main() -> WorkerExit:
         async with make_workers(sweep, tmp_path) as pw:
             group = await pw.start([launch(0, "sleep", "30")])
@@ -219,9 +220,7 @@ IGNORE_TERM = """
 
 
 @pytest.mark.timeout(60)
-def test_stop_kills_a_worker_that_ignores_sigterm_after_grace(
-    sweep: list[str], tmp_path: Path
-) -> None:
+def test_stop_kills_a_worker_that_ignores_sigterm_after_grace(sweep: Sweep, tmp_path: Path) -> None:
     grace = 1.0
 
     async def main() -> tuple[list[WorkerExit], float]:
@@ -250,7 +249,7 @@ def test_stop_kills_a_worker_that_ignores_sigterm_after_grace(
 
 
 @pytest.mark.timeout(60)
-def test_stop_returns_as_soon_as_workers_honour_sigterm(sweep: list[str], tmp_path: Path) -> None:
+def test_stop_returns_as_soon_as_workers_honour_sigterm(sweep: Sweep, tmp_path: Path) -> None:
     async def main() -> float:
         async with make_workers(sweep, tmp_path) as pw:
             group = await pw.start([launch(r, "sleep", "60") for r in range(4)])
@@ -290,7 +289,7 @@ GRANDCHILD = """
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("worker_exits_first", [False, True], ids=["live-parent", "orphaned"])
 def test_stop_kills_a_setsid_grandchild_and_its_children(
-    sweep: list[str], tmp_path: Path, worker_exits_first: bool
+    sweep: Sweep, tmp_path: Path, worker_exits_first: bool
 ) -> None:
     pidfile = tmp_path / "grandchild.pid"
 
@@ -334,7 +333,7 @@ AGENT = """
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         print(json.dumps({{"workers": sorted(group.pids().values()), "reaper": pw.reaper_pid,
-                          "instance": pw.instance}}), flush=True)
+                          "marker": pw.agent_marker.argv()}}), flush=True)
         await stop.wait()
         exits = await group.stop(0.5)
         await pw.aclose()
@@ -367,9 +366,9 @@ def _start_agent(tmp_path: Path) -> tuple[subprocess.Popen[str], dict[str, Any],
 
 
 @pytest.mark.timeout(60)
-def test_sigkill_of_the_agent_leaves_no_process_behind(sweep: list[str], tmp_path: Path) -> None:
+def test_sigkill_of_the_agent_leaves_no_process_behind(sweep: Sweep, tmp_path: Path) -> None:
     agent, info, everyone = _start_agent(tmp_path)
-    sweep.append(info["instance"])
+    sweep.append(proctree.Marker.from_argv(info["marker"]))
     agent.kill()
     agent.wait()
     assert agent.stdout is not None
@@ -382,9 +381,9 @@ def test_sigkill_of_the_agent_leaves_no_process_behind(sweep: list[str], tmp_pat
 
 
 @pytest.mark.timeout(60)
-def test_sigterm_of_the_agent_stops_every_worker_tree(sweep: list[str], tmp_path: Path) -> None:
+def test_sigterm_of_the_agent_stops_every_worker_tree(sweep: Sweep, tmp_path: Path) -> None:
     agent, info, everyone = _start_agent(tmp_path)
-    sweep.append(info["instance"])
+    sweep.append(proctree.Marker.from_argv(info["marker"]))
     agent.send_signal(signal.SIGTERM)
     out, _ = agent.communicate(timeout=20)
     assert agent.returncode == 0
@@ -403,7 +402,7 @@ def test_sigterm_of_the_agent_stops_every_worker_tree(sweep: list[str], tmp_path
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("start_method", ["spawn", "fork"])
 def test_function_entrypoint_return_value_reaches_the_agent_as_json(
-    sweep: list[str], tmp_path: Path, start_method: str
+    sweep: Sweep, tmp_path: Path, start_method: str
 ) -> None:
     async def main() -> list[WorkerExit]:
         async with make_workers(sweep, tmp_path, start_method=start_method) as pw:
@@ -422,7 +421,7 @@ def test_function_entrypoint_return_value_reaches_the_agent_as_json(
 
 @pytest.mark.timeout(60)
 def test_unserialisable_return_value_becomes_none_with_a_warning(
-    sweep: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    sweep: Sweep, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def main() -> WorkerExit:
         async with make_workers(sweep, tmp_path) as pw:
@@ -441,7 +440,7 @@ def test_unserialisable_return_value_becomes_none_with_a_warning(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("start_method", ["spawn", "fork"])
 def test_function_that_raises_writes_its_error_file(
-    sweep: list[str], tmp_path: Path, start_method: str
+    sweep: Sweep, tmp_path: Path, start_method: str
 ) -> None:
     async def main() -> list[WorkerExit]:
         async with make_workers(sweep, tmp_path, start_method=start_method) as pw:
@@ -483,14 +482,16 @@ def test_missing_executable_is_a_one_line_config_error(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_local_rank_macro_and_environment_reach_the_worker(
-    sweep: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sweep: Sweep, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FROM_AGENT", "agent")
     monkeypatch.setenv("OVERRIDDEN", "agent")
     code = """
         import json, os, sys
-        keys = ["FROM_AGENT", "OVERRIDDEN", "TORCHELASTIC_ERROR_FILE", "ELASTIC_AGENT_INSTANCE"]
-        print(json.dumps({"argv": sys.argv[1:], **{k: os.environ.get(k) for k in keys}}))
+        keys = ["FROM_AGENT", "OVERRIDDEN", "TORCHELASTIC_ERROR_FILE"]
+        ours = sorted(k for k in os.environ if k.startswith("ELASTIC_"))
+        print(json.dumps({"argv": sys.argv[1:], "ours": ours,
+                          **{k: os.environ.get(k) for k in keys}}))
     """
 
     async def main() -> ProcessWorkers:
@@ -518,8 +519,46 @@ def test_local_rank_macro_and_environment_reach_the_worker(
             "FROM_AGENT": "agent",
             "OVERRIDDEN": "spec",
             "TORCHELASTIC_ERROR_FILE": str(rank_dir / "error.json"),
-            "ELASTIC_AGENT_INSTANCE": pw.instance,
+            "ours": [],  # the error file's path is the process-tree marker: no extra names
         }
+    assert pw.agent_marker == proctree.Marker(
+        "TORCHELASTIC_ERROR_FILE", pw.logs_specs.run_log_dir + os.sep, prefix=True
+    )
+
+
+@pytest.mark.timeout(60)
+def test_without_an_error_file_path_the_fallback_markers_tag_the_tree(
+    sweep: Sweep, tmp_path: Path
+) -> None:
+    """``--log-dir /dev/null``: torch's empty error file, so the launcher's own markers."""
+    code = """
+        import json, os, subprocess, sys
+        # a grandchild in its own session: found by marker only once its parent exits
+        subprocess.Popen(["sleep", "60"], start_new_session=True)
+        with open(sys.argv[1], "w") as f:
+            json.dump({k: v for k, v in os.environ.items()
+                       if k.startswith(("ELASTIC_", "TORCHELASTIC_ERROR"))}, f)
+    """
+    seen_file = tmp_path / "seen.json"
+
+    async def main() -> tuple[ProcessWorkers, list[WorkerExit]]:
+        specs = DefaultLogsSpecs(os.devnull)
+        async with make_workers(sweep, tmp_path, logs_specs=specs) as pw:
+            group = await pw.start([launch(0, *py(code, str(seen_file)))])
+            exits = await collect(group, 1)
+            marker = pw.agent_marker
+            assert marker is not None and marker.name == "ELASTIC_AGENT_INSTANCE"
+            assert len(proctree.pids_with_env(marker)) == 1  # the orphaned grandchild
+            await group.stop(1.0)
+            assert not proctree.pids_with_env(marker)
+            return pw, exits
+
+    pw, exits = asyncio.run(main())
+    seen = json.loads(seen_file.read_text())
+    assert exits[0].exit_code == 0
+    assert seen["TORCHELASTIC_ERROR_FILE"] == ""
+    assert seen["ELASTIC_AGENT_INSTANCE"] == pw.instance
+    assert len(seen["ELASTIC_WORKER_GROUP"]) == 32
 
 
 # -- logs ---------------------------------------------------------------------------------
@@ -527,7 +566,7 @@ def test_local_rank_macro_and_environment_reach_the_worker(
 
 @pytest.mark.timeout(60)
 def test_redirect_and_tee_write_files_and_prefixed_console_lines(
-    sweep: list[str], tmp_path: Path
+    sweep: Sweep, tmp_path: Path
 ) -> None:
     # rank 0: stdout tee'd, stderr to console; rank 1: all redirected; rank 2: tee'd but
     # filtered out of the console
@@ -567,7 +606,7 @@ def test_redirect_and_tee_write_files_and_prefixed_console_lines(
 
 @pytest.mark.timeout(60)
 def test_logs_of_a_failed_attempt_are_kept_next_to_the_new_one(
-    sweep: list[str], tmp_path: Path
+    sweep: Sweep, tmp_path: Path
 ) -> None:
     specs = DefaultLogsSpecs(str(tmp_path / "logs"), redirects=Std.ALL)
 
@@ -592,7 +631,7 @@ def test_logs_of_a_failed_attempt_are_kept_next_to_the_new_one(
 
 @pytest.mark.timeout(60)
 def test_a_workers_last_output_is_logged_before_its_exit_is_reported(
-    sweep: list[str], tmp_path: Path
+    sweep: Sweep, tmp_path: Path
 ) -> None:
     code = """
         import sys

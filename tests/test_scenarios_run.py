@@ -134,7 +134,8 @@ def test_failed_expectations_exit_1_and_name_each_with_the_value_seen(tmp_path: 
     ("text", "needle"),
     [
         (
-            "name: x\ncluster: {nodes: 2, nproc_per_node: 2, nods: 3}\njob: {steps: 1, step_time: 1s}\n",
+            "name: x\ncluster: {nodes: 2, nproc_per_node: 2, nods: 3}\n"
+            "job: {steps: 1, step_time: 1s}\n",
             "cluster.nods",
         ),
         (

@@ -17,6 +17,7 @@ WORLDS = ("real", "sim")
 def run_in(world: str, body: Callable[[Clock], Awaitable[T]], until: float | None = None) -> T:
     """Run ``body(clock)`` to completion in ``world`` and return its result."""
     if world == "real":
+
         async def main() -> T:
             return await body(AsyncioClock())
 
@@ -32,7 +33,9 @@ def run_in(world: str, body: Callable[[Clock], Awaitable[T]], until: float | Non
     if clock.unobserved:
         raise clock.unobserved[0][1]
     if not task.done():
-        raise AssertionError(f"the simulation ended at t={clock.now()} with the test body still waiting")
-    task_result = getattr(task, "result")  # re-raise a failure of the body
+        raise AssertionError(
+            f"the simulation ended at t={clock.now()} with the test body still waiting"
+        )
+    task_result = task.result  # re-raise a failure of the body
     task_result()
     return box[0]  # type: ignore[no-any-return]

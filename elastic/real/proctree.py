@@ -14,11 +14,17 @@ because each alone has holes:
 2. **process group** — each worker leads its own process group; ``killpg`` reaches every
    member atomically, even one forked a microsecond ago.  Misses anyone who called
    ``setsid()``/``setpgid()``.
-3. **environment marker** — the launcher puts ``ELASTIC_AGENT_INSTANCE=<uuid>`` and
-   ``ELASTIC_WORKER_GROUP=<uuid>`` in every worker's environment; descendants inherit
-   them whatever their session or parent.  :func:`pids_with_env` scans
-   ``/proc/<pid>/environ``.  Misses a descendant started with a scrubbed environment
-   (``env={}``), and processes of other users (unreadable).
+3. **environment marker** (:class:`Marker`) — a variable every worker gets and its
+   descendants inherit whatever their session or parent.  The launcher adds no variable
+   of its own for it: the marker is torch's ``TORCHELASTIC_ERROR_FILE``, whose value is
+   a path under the agent's unique run log directory
+   (``<log_dir>/<run_id>_<random>/attempt_<k>/<local_rank>/error.json``), so the prefix
+   ``<run dir>/`` marks the agent's processes and ``<run dir>/attempt_<k>/`` one group's.
+   Only where there is no such path (``--log-dir /dev/null``, or a custom
+   :class:`~elastic.multiprocessing.api.LogsSpecs`) does the launcher add
+   ``ELASTIC_AGENT_INSTANCE=<uuid>`` and ``ELASTIC_WORKER_GROUP=<uuid>`` instead.
+   :func:`pids_with_env` scans ``/proc/<pid>/environ``.  Misses a descendant started
+   with a scrubbed environment (``env={}``), and processes of other users (unreadable).
 
 Signals go through pidfds (:class:`ProcHandle`): a pid is opened, *then* checked to still
 be the process that was found, then signalled through the fd, so a recycled pid is never
@@ -34,10 +40,15 @@ import logging
 import os
 import signal
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from elastic.real.reaper import needle
 
 __all__ = [
     "AGENT_MARKER",
+    "ERROR_FILE",
     "GROUP_MARKER",
+    "Marker",
     "ProcHandle",
     "become_subreaper",
     "proc_stat",
@@ -48,8 +59,34 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+# the fallback markers, added only where workers get no error file path (see the top)
 AGENT_MARKER = "ELASTIC_AGENT_INSTANCE"
 GROUP_MARKER = "ELASTIC_WORKER_GROUP"
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """``name=value`` in a process's environment; with ``prefix``, a value starting so."""
+
+    name: str
+    value: str
+    prefix: bool = False
+
+    @property
+    def needle(self) -> bytes:
+        """What to look for in ``b"\\0" + environ + b"\\0"``."""
+        return needle(*self.argv())
+
+    def argv(self) -> list[str]:
+        """Three command-line words (see :meth:`from_argv`)."""
+        return [self.name, self.value, "prefix" if self.prefix else "exact"]
+
+    @classmethod
+    def from_argv(cls, words: list[str]) -> Marker:
+        name, value, how = words
+        return cls(name, value, how == "prefix")
+
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -78,19 +115,19 @@ def _read_environ(pid: int) -> bytes | None:
         return None
 
 
-def env_has(pid: int, name: str, value: str) -> bool:
-    """True if ``name=value`` is in the environment ``pid`` was started with."""
+def env_has(pid: int, marker: Marker) -> bool:
+    """True if ``marker`` is in the environment ``pid`` was started with."""
     data = _read_environ(pid)
-    return data is not None and f"\0{name}={value}\0".encode() in b"\0" + data + b"\0"
+    return data is not None and marker.needle in b"\0" + data + b"\0"
 
 
-def pids_with_env(name: str, value: str, *, exclude: Collection[int] = ()) -> set[int]:
-    """Pids of live processes started with ``name=value`` in their environment.
+def pids_with_env(marker: Marker, *, exclude: Collection[int] = ()) -> set[int]:
+    """Pids of live processes started with ``marker`` in their environment.
 
     Reads ``/proc/*/environ`` (the environment at ``exec``, so changes a process makes
     to its own ``os.environ`` do not hide it).  Costs about 10 µs per process.
     """
-    needle = f"\0{name}={value}\0".encode()
+    needle = marker.needle
     found: set[int] = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -115,7 +152,7 @@ class ProcHandle:
         self.exited = False
 
     @classmethod
-    def open(cls, pid: int, *, marker: tuple[str, str] | None = None) -> ProcHandle | None:
+    def open(cls, pid: int, *, marker: Marker | None = None) -> ProcHandle | None:
         """Open ``pid`` if it is alive and (with ``marker``) still carries the marker.
 
         The check runs after the pidfd is open, so the handle cannot refer to a process
@@ -125,7 +162,7 @@ class ProcHandle:
             fd = os.pidfd_open(pid)
         except OSError:
             return None
-        if marker is not None and not env_has(pid, *marker):
+        if marker is not None and not env_has(pid, marker):
             os.close(fd)
             return None
         return cls(pid, fd)
@@ -162,7 +199,7 @@ def proc_stat(pid: int) -> tuple[int, str, int] | None:
 
 
 def tree_handles(
-    roots: Iterable[int], marker: tuple[str, str] | None, *, exclude: Collection[int] = ()
+    roots: Iterable[int], marker: Marker | None, *, exclude: Collection[int] = ()
 ) -> dict[int, ProcHandle]:
     """Handles on every live descendant of ``roots`` and every process carrying ``marker``.
 
@@ -171,7 +208,7 @@ def tree_handles(
     """
     roots = set(roots)
     skip = set(exclude) | roots | {os.getpid()}
-    needle = f"\0{marker[0]}={marker[1]}\0".encode() if marker is not None else None
+    needle = marker.needle if marker is not None else None
     children: dict[int, list[int]] = {}
     seen: dict[int, int] = {}  # pid → start time, for the identity check after pidfd_open
     marked: set[int] = set()

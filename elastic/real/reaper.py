@@ -9,7 +9,9 @@ Three mechanisms, each covering what the one before cannot:
    (:mod:`elastic.real._exec_shim`) that sets ``PR_SET_PDEATHSIG=SIGKILL`` before it
    becomes the worker: the kernel kills it the moment the agent's event-loop thread dies.
 2. **Its descendants** — a death signal is not inherited.  Every worker and everything it
-   starts carries ``ELASTIC_AGENT_INSTANCE=<uuid>`` in its environment.  One sidecar per
+   starts carries the agent's marker in its environment (torch's
+   ``TORCHELASTIC_ERROR_FILE``, a path under the agent's unique run log directory; see
+   :mod:`elastic.real.proctree`).  One sidecar per
    agent (this module, started once by :class:`ReaperSidecar`, not per worker) blocks in
    ``poll()`` on a pidfd of the agent and on a pipe from it.  When the agent dies the
    pidfd becomes readable; the sidecar then SIGKILLs every process whose
@@ -33,7 +35,8 @@ environment) *and* left the worker's process group and session; processes of ano
 user.  The agent's ``stop()`` still finds such a process by parentage while the agent
 lives.
 
-This file runs as ``python -I -S reaper.py <agent_pid> <marker_value>``: standard
+This file runs as ``python -I -S reaper.py <agent_pid> <name> <value> exact|prefix``
+(the marker as :meth:`elastic.real.proctree.Marker.argv` writes it): standard
 library only, and few modules of it (``os``, ``sys``, ``select``, ``_signal``), so the
 sidecar is up in about 10 ms of one CPU, next to workers starting on the same CPUs.
 The agent spawns it right after the first group's workers (see
@@ -51,10 +54,17 @@ import sys
 _sig = __import__("_signal")
 _SIGKILL = 9
 
-__all__ = ["MARKER", "ReaperSidecar", "kill_marked"]
+__all__ = ["ReaperSidecar", "kill_marked", "needle"]
 
-MARKER = "ELASTIC_AGENT_INSTANCE"
-_MARKERS = (MARKER, "ELASTIC_WORKER_GROUP")
+# variables a sidecar must not inherit from its agent: it would count as a worker's
+# descendant of a launcher above (the agent's own error file is that launcher's marker)
+_NOT_INHERITED = ("TORCHELASTIC_ERROR_FILE", "ELASTIC_AGENT_INSTANCE", "ELASTIC_WORKER_GROUP")
+
+
+def needle(name: str, value: str, how: str) -> bytes:
+    """The bytes a marked ``/proc/<pid>/environ`` holds (as ``proctree.Marker.needle``)."""
+    text = f"\0{name}={value}"
+    return (text if how == "prefix" else text + "\0").encode()
 
 
 def _marked(needle: bytes, me: int) -> list[int]:
@@ -72,14 +82,13 @@ def _marked(needle: bytes, me: int) -> list[int]:
     return found
 
 
-def kill_marked(value: str, *, max_rounds: int = 200) -> int:
-    """SIGKILL every process carrying ``ELASTIC_AGENT_INSTANCE=value``; return how many.
+def kill_marked(needle: bytes, *, max_rounds: int = 200) -> int:
+    """SIGKILL every process whose environment holds ``needle``; return how many.
 
     Rescans until a scan finds none; a killed process leaves ``/proc`` or becomes a
     zombie (whose environment reads empty) at once, so this ends after a round or two.
     Bounded so that an unkillable process (stuck in the kernel) cannot keep it forever.
     """
-    needle = f"\0{MARKER}={value}\0".encode()
     me = os.getpid()
     killed: set[int] = set()
     for round_ in range(max_rounds):
@@ -99,7 +108,7 @@ def kill_marked(value: str, *, max_rounds: int = 200) -> int:
     return len(killed)
 
 
-def _sidecar(agent_pid: int, value: str) -> int:
+def _sidecar(agent_pid: int, marker: bytes) -> int:
     # it must outlive the agent: the terminal's or a parent launcher's shutdown signals are
     # for the agent, which then stops its workers and lets this process go with "q"
     import select
@@ -132,7 +141,7 @@ def _sidecar(agent_pid: int, value: str) -> int:
                 break  # the agent is gone
     elif _said_quit():
         return 0  # the agent finished (and said so) before we were up
-    n = kill_marked(value)
+    n = kill_marked(marker)
     if n:
         sys.stderr.write(f"elastic reaper: agent {agent_pid} died; killed {n} process(es)\n")
     return 0
@@ -150,8 +159,9 @@ def _said_quit() -> bool:
 class ReaperSidecar:
     """The agent's handle on its sidecar: start it once, tell it to leave on shutdown."""
 
-    def __init__(self, marker_value: str) -> None:
-        self.marker_value = marker_value
+    def __init__(self, marker: list[str]) -> None:
+        """``marker``: the agent's marker as ``proctree.Marker.argv()`` writes it."""
+        self.marker = marker
         self.pid: int | None = None
         self._pipe_w: int | None = None
 
@@ -166,7 +176,7 @@ class ReaperSidecar:
             return self.pid
         r, w = os.pipe()
         # no marker of ours, nor of a launcher above us (it would count us as its worker's)
-        env = {k: v for k, v in os.environ.items() if k not in _MARKERS}
+        env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
         try:
             pid = os.posix_spawn(
                 sys.executable,
@@ -176,7 +186,7 @@ class ReaperSidecar:
                     "-S",
                     os.path.abspath(__file__),
                     str(os.getpid()),
-                    self.marker_value,
+                    *self.marker,
                 ],
                 env,
                 file_actions=[(os.POSIX_SPAWN_DUP2, r, 0)],
@@ -200,4 +210,4 @@ class ReaperSidecar:
 
 
 if __name__ == "__main__":
-    sys.exit(_sidecar(int(sys.argv[1]), sys.argv[2]))
+    sys.exit(_sidecar(int(sys.argv[1]), needle(*sys.argv[2:5])))

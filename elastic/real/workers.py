@@ -22,9 +22,11 @@ again by its import path (module + qualified name, ``__main__`` re-run as
 calls it directly.  Arguments and return values are JSON, never pickle: a return value
 that is not JSON-serialisable (or over 1 MiB) reaches the agent as None with a warning.
 Each worker leads its own process group and its environment is the agent's, overlaid by
-``WorkerLaunch.env``, plus the launcher's own variables: ``TORCHELASTIC_ERROR_FILE``
-(from the :class:`~elastic.multiprocessing.api.LogsSpecs`) and the markers
-``ELASTIC_AGENT_INSTANCE`` / ``ELASTIC_WORKER_GROUP``.
+``WorkerLaunch.env``, plus ``TORCHELASTIC_ERROR_FILE`` (from the
+:class:`~elastic.multiprocessing.api.LogsSpecs`) — the same names torch gives.  The
+error file's path doubles as the process-tree marker (:class:`proctree.Marker`); only
+without one (``/dev/null`` logs, a custom ``LogsSpecs``) are the markers
+``ELASTIC_AGENT_INSTANCE`` / ``ELASTIC_WORKER_GROUP`` added.
 
 Watching.  Each worker has a pidfd (``os.pidfd_open``, Linux ≥ 5.3) registered with
 ``loop.add_reader``: the kernel makes it readable when the worker exits, the callback
@@ -161,6 +163,7 @@ class ProcessGroup:
         self,
         loop: asyncio.AbstractEventLoop,
         group_id: str,
+        marker: proctree.Marker,
         dest: LogsDest,
         private_dir: str,
         oom_before: OomCounters,
@@ -168,6 +171,7 @@ class ProcessGroup:
     ) -> None:
         self._loop = loop
         self.group_id = group_id
+        self.marker = marker
         self.logs = dest
         self._private_dir = private_dir
         self._oom_before = oom_before
@@ -299,7 +303,7 @@ class ProcessGroup:
         found = (
             proctree.tree_handles(
                 (),
-                (proctree.GROUP_MARKER, self.group_id),
+                self.marker,
                 exclude=worker_pids | self._adopted.keys(),
             )
             if scan
@@ -374,7 +378,7 @@ class ProcessGroup:
         worker_pids = {w.pid for w in self._workers.values()}
         return proctree.tree_handles(
             [w.pid for w in self._live()],
-            (proctree.GROUP_MARKER, self.group_id),
+            self.marker,
             exclude=worker_pids | set(known),
         )
 
@@ -521,7 +525,9 @@ class ProcessWorkers:
         self._subreaper = subreaper
         self._kill_timeout = kill_timeout
         self.instance = uuid.uuid4().hex
-        self._sidecar = ReaperSidecar(self.instance) if reaper else None
+        self._reaper = reaper
+        self._agent_marker: proctree.Marker | None = None
+        self._sidecar: ReaperSidecar | None = None
         self._sidecar_fd: int | None = None
         self._became_subreaper = False
 
@@ -530,6 +536,43 @@ class ProcessWorkers:
         if self._logs_specs is None:
             self._logs_specs = DefaultLogsSpecs()
         return self._logs_specs
+
+    @property
+    def agent_marker(self) -> proctree.Marker | None:
+        """What every process this agent started carries (None before the first start)."""
+        return self._agent_marker
+
+    def _markers(
+        self, error_files: Sequence[str], group_id: str
+    ) -> tuple[proctree.Marker, dict[str, str]]:
+        """The group's marker and the variables to add to its workers' env for markers.
+
+        The agent's marker is chosen at the first start and kept: the error files' run
+        directory (unique per agent: ``mkdtemp``) when every worker has one under it,
+        else the fallback variables.  See :mod:`elastic.real.proctree`.
+        """
+        specs = self.logs_specs
+        run_dir = specs.run_log_dir if isinstance(specs, DefaultLogsSpecs) else None
+        if self._agent_marker is None:
+            prefix = os.path.join(run_dir, "") if run_dir else None
+            if prefix and error_files and all(f.startswith(prefix) for f in error_files):
+                self._agent_marker = proctree.Marker(proctree.ERROR_FILE, prefix, prefix=True)
+            else:
+                self._agent_marker = proctree.Marker(proctree.AGENT_MARKER, self.instance)
+        agent = self._agent_marker
+        if agent.name != proctree.ERROR_FILE:
+            return proctree.Marker(proctree.GROUP_MARKER, group_id), {
+                proctree.AGENT_MARKER: self.instance,
+                proctree.GROUP_MARKER: group_id,
+            }
+        # <run dir>/attempt_<k>/<local_rank>/error.json
+        attempts = {os.path.dirname(os.path.dirname(f)) for f in error_files}
+        if len(attempts) != 1 or not all(f.startswith(agent.value) for f in error_files):
+            raise ElasticError(
+                f"the logs specs put this group's error files {sorted(error_files)} outside "
+                f"one attempt directory of {agent.value}"
+            )
+        return proctree.Marker(proctree.ERROR_FILE, os.path.join(attempts.pop(), ""), True), {}
 
     @property
     def reaper_pid(self) -> int | None:
@@ -593,17 +636,17 @@ class ProcessWorkers:
         dest = self.logs_specs.reify(reify_envs)
 
         group_id = uuid.uuid4().hex
+        error_files = [reify_envs[r].get(proctree.ERROR_FILE, "") for r in range(len(launches))]
+        marker, marker_env = self._markers(error_files, group_id)
         private_dir = tempfile.mkdtemp(prefix="elastic_workers_")
         group = ProcessGroup(
-            loop, group_id, dest, private_dir, read_oom_counters(), self._kill_timeout
+            loop, group_id, marker, dest, private_dir, read_oom_counters(), self._kill_timeout
         )
         try:
             for r in range(len(launches)):
                 la = by_rank[r]
-                env = {**os.environ, **la.env}
-                env["TORCHELASTIC_ERROR_FILE"] = reify_envs[r].get("TORCHELASTIC_ERROR_FILE", "")
-                env[proctree.AGENT_MARKER] = self.instance
-                env[proctree.GROUP_MARKER] = group_id
+                env = {**os.environ, **la.env, **marker_env}
+                env[proctree.ERROR_FILE] = error_files[r]
                 w = self._start_one(loop, group, la, env, dest, private_dir)
                 group._workers[r] = w
                 group._watch(w)
@@ -613,7 +656,9 @@ class ProcessWorkers:
         # after the workers (its interpreter start must not delay theirs) and before any
         # await, so before any worker could have started a descendant; see the module
         # docstring
-        if self._sidecar is not None:
+        if self._reaper and self._sidecar is None:
+            assert self._agent_marker is not None  # chosen by _markers above
+            self._sidecar = ReaperSidecar(self._agent_marker.argv())
             self._sidecar.start()
         return group
 
