@@ -12,7 +12,9 @@ medians and the ratio elastic/torchrun:
    (``Popen`` → first line).
 2. launch → exit of a no-op job with 1, 2 and 4 workers (wall time of the command);
    the note gives the same number of worker interpreters started together by ``Popen``
-   alone, which any launcher pays on this machine.
+   alone, which any launcher pays on this machine, and a bare Python launcher (an
+   interpreter that ``posix_spawn``s the workers and waits: no agent, no rendezvous, no
+   logs), the least any launcher written in Python pays.
 3. agent RSS while the workers sleep (elastic: agent + its reaper sidecar).
 4. agent CPU time (user + system) over 10 s while the workers sleep.
 5. SIGTERM to the agent → every process gone, with workers (and a grandchild each)
@@ -165,6 +167,23 @@ def workers_alone(d: Path, n: int) -> float:
     return time.monotonic() - t0
 
 
+BARE = """
+import os, sys
+pids = [os.posix_spawn(sys.executable, [sys.executable, "-u", sys.argv[2]], os.environ)
+        for _ in range(int(sys.argv[1]))]
+sys.exit(max(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids))
+"""
+
+
+def bare_launcher(d: Path, n: int) -> float:
+    """Wall time of a bare Python launcher (interpreter start, ``n`` spawns, waits)."""
+    out = Path(tempfile.mkdtemp(dir=d))
+    train = _write(out, "noop.py", "")
+    t0 = time.monotonic()
+    subprocess.run([PY, "-c", BARE, str(n), train], env=_env(), check=True, timeout=120)
+    return time.monotonic() - t0
+
+
 def _agent_procs(agent: psutil.Process) -> list[psutil.Process]:
     """The agent, plus (for elastic) its reaper sidecar: a child that is not a worker."""
     procs = [agent]
@@ -281,13 +300,16 @@ def main() -> int:
             print(f"launch -> exit, {n} workers", file=sys.stderr)
             r = ab(a.runs, lambda s, n=n: launch(s, d, n))
             alone = med(workers_alone(d, n) for _ in range(a.runs))
+            bare = med(bare_launcher(d, n) for _ in range(a.runs))
+            t = med(r["torchrun"])
             rows.append(
                 (
                     f"no-op job launch → exit, {n} worker(s) (s)",
                     med(r["elastic"]),
-                    med(r["torchrun"]),
+                    t,
                     "≤ 1/10",
-                    f"{n} worker interpreter(s) alone: {alone:.3f} s",
+                    f"{n} worker interpreter(s) alone: {alone:.3f} s; bare Python "
+                    f"launcher: {bare:.3f} s (x{bare / t:.3f} of torchrun)",
                 )
             )
         print("idle agent: RSS and CPU", file=sys.stderr)

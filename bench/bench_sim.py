@@ -27,7 +27,8 @@ def scenario(nodes: int = 64, nproc: int = 8) -> str:
 seed: 0
 until: {HOURS}h
 cluster: {{nodes: {nodes}, nproc_per_node: {nproc}}}
-job: {{steps: 100000, step_time: 1s, startup_time: 60s, checkpoint_every: 600, checkpoint_time: 20s}}
+job: {{steps: 100000, step_time: 1s, startup_time: 60s,
+      checkpoint_every: 600, checkpoint_time: 20s}}
 agent: {{max_restarts: 100}}
 faults:
 {faults}
@@ -49,7 +50,7 @@ def main() -> None:
     sim_events = int(report["sim_events"])  # type: ignore[arg-type]
     restarts_total = HOURS - 1  # one group restart of the job per injected crash
     rows = [
-        ("wall time (median of %d)" % args.repeat, f"{wall:.2f} s"),
+        (f"wall time (median of {args.repeat})", f"{wall:.2f} s"),
         ("simulated time", f"{float(report['sim_time_s']) / 3600:.1f} h"),  # type: ignore[arg-type]
         ("simulated events", f"{sim_events}"),
         ("events per wall second", f"{sim_events / wall:,.0f}"),
