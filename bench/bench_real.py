@@ -309,7 +309,7 @@ def main() -> int:
                     t,
                     "≤ 1/10",
                     f"{n} worker interpreter(s) alone: {alone:.3f} s; bare Python "
-                    f"launcher: {bare:.3f} s (x{bare / t:.3f} of torchrun)",
+                    f"launcher: {bare:.3f} s = {bare / t:.3f} of torchrun's",
                 )
             )
         print("idle agent: RSS and CPU", file=sys.stderr)
