@@ -592,9 +592,7 @@ class _Int:
         return f"an integer ≥ {self.lo}"
 
     def read(self, ctx: _Ctx, node: yaml.Node, path: str) -> int:
-        value = ctx.scalar(node, path, self.expected)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ctx.error(node, path, f"got {_show(value)}; expected {self.expected}")
+        value = _read_int(ctx, node, path, self.expected)
         if value < self.lo or (self.hi is not None and value > self.hi):
             raise ctx.error(node, path, f"got {value}; expected {self.expected}")
         return value
@@ -607,10 +605,14 @@ class _AnyInt:
         return "an integer"
 
     def read(self, ctx: _Ctx, node: yaml.Node, path: str) -> int:
-        value = ctx.scalar(node, path, self.expected)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ctx.error(node, path, f"got {_show(value)}; expected {self.expected}")
-        return value
+        return _read_int(ctx, node, path, self.expected)
+
+
+def _read_int(ctx: _Ctx, node: yaml.Node, path: str, expected: str) -> int:
+    value = ctx.scalar(node, path, expected)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ctx.error(node, path, f"got {_show(value)}; expected {expected}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
