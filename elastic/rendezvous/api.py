@@ -3,8 +3,9 @@
 A :class:`RendezvousHandler` is asynchronous at its core (``*_async`` methods, awaited
 by the agent on the clock port in either world).  torch's synchronous methods
 (``next_rendezvous()``, ``is_closed()``, …) are kept for compatibility: they run the
-asynchronous method to completion with the handler's ``sync_runner`` (set in real
-mode); in the simulator they raise, since nothing there may block.
+asynchronous method to completion with the handler's ``sync_runner`` — in real mode
+:meth:`elastic.real.loop_thread.LoopThread.run`, passed to ``get_rendezvous_handler``;
+without one (and in the simulator, where nothing may block) they raise.
 
 The agent learns of membership changes with :meth:`RendezvousHandler.watch_async`,
 which returns when the current round is no longer the one to run (nodes are waiting,

@@ -13,7 +13,12 @@ from collections.abc import Callable
 
 from elastic.clock import Clock
 from elastic.errors import ConfigError
-from elastic.rendezvous.api import RendezvousContext, RendezvousHandler, RendezvousParameters
+from elastic.rendezvous.api import (
+    RendezvousContext,
+    RendezvousHandler,
+    RendezvousParameters,
+    SyncRunner,
+)
 from elastic.store import Store
 
 __all__ = [
@@ -81,18 +86,25 @@ def get_rendezvous_handler(
     clock: Clock | None = None,
     node: str | None = None,
     node_addr: str | None = None,
+    sync_runner: SyncRunner | None = None,
 ) -> RendezvousHandler:
     """torch's ``get_rendezvous_handler``, given the ports.
 
     Either a ``ctx`` or all of ``store``, ``clock`` and ``node`` (the node id;
-    ``node_addr`` defaults to ``params.local_addr``, then to ``node``).
+    ``node_addr`` defaults to ``params.local_addr``, then to ``node``).  ``sync_runner``
+    makes torch's synchronous methods (``next_rendezvous()``, ``is_closed()``, …) work:
+    in real mode, :meth:`elastic.real.loop_thread.LoopThread.run` of the loop the clock
+    and store live on.  Without it only the ``*_async`` methods may be used.
     """
     if ctx is None and (store is not None or clock is not None or node is not None):
         if store is None or clock is None or node is None:
             raise ValueError("get_rendezvous_handler needs all of store=, clock= and node=.")
         addr = node_addr or params.local_addr or node
         ctx = RendezvousContext(store=store, clock=clock, node_addr=addr, node_id=node)
-    return rendezvous_handler_registry.create_handler(params, ctx)
+    handler = rendezvous_handler_registry.create_handler(params, ctx)
+    if sync_runner is not None:
+        handler.sync_runner = sync_runner
+    return handler
 
 
 def _create_c10d(params: RendezvousParameters, ctx: RendezvousContext) -> RendezvousHandler:
