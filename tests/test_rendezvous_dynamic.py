@@ -248,3 +248,65 @@ def test_same_membership_gives_same_ranks_in_every_round() -> None:
 
     ranks = run_in("sim", body)
     assert ranks == [[2, 1, 0]] * 3
+
+
+class _Died(Exception):
+    """The node's process died (raised where the test kills it)."""
+
+
+class _DiesAfterEndingTheRound:
+    """A node's view of the store: it dies right after its write that ends round 0.
+
+    Ending a round is two writes (the state's round, then the round's end marker that
+    waiting and redundant nodes wait on, or the closed markers); a node killed between
+    them must not strand anyone.
+    """
+
+    def __init__(self, store: MemoryStore, lease_of: DynamicRendezvousHandler) -> None:
+        self._store = store
+        self._handler = lease_of
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+        out = await self._store.compare_set(key, expected, desired)
+        if key.endswith("/c/state") and out == desired and expected is not None:
+            lease = self._handler.lease
+            assert lease is not None
+            lease.abandon()
+            raise _Died
+        return out
+
+
+@pytest.mark.parametrize("how", ["advance", "close"])
+def test_a_node_dying_between_the_two_writes_that_end_a_round_strands_nobody(
+    world: str, how: str
+) -> None:
+    """The waiting node wakes on the state's change itself, not only on the end marker."""
+
+    async def body(clock: Clock) -> tuple[str, float]:
+        store = MemoryStore(clock)
+        a, b = make(clock, store, ["a", "b"], 1, 2, join=60.0)
+        a._store = _DiesAfterEndingTheRound(store, a)  # type: ignore[assignment]
+        await join_all(clock, [a])  # round 0: a alone (min 1), after the last call
+        t0 = clock.now()
+        late = clock.spawn(b.next_rendezvous_async())
+        assert await a.watch_async() == "nodes_waiting"
+        try:
+            if how == "advance":
+                await a.next_rendezvous_async()  # its group restarts: it ends round 0
+            else:
+                await a.set_closed_async()
+        except _Died:
+            pass
+        try:
+            info = await late.join()
+            outcome = f"round {info.round}, world {info.world_size}"
+        except RendezvousClosedError:
+            outcome = "closed"
+        return outcome, clock.now() - t0
+
+    outcome, took = run_in(world, body)
+    assert outcome == ("round 1, world 1" if how == "advance" else "closed")
+    assert took < 5.0  # not the 60 s join timeout

@@ -10,7 +10,7 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
 * ``alive/<node>`` — attached to the node's lease: liveness without heartbeat writes.
 * ``r<r>/m/<node>`` (leased) and ``r<r>/count`` — joining round ``r`` is one ``set`` and
   one ``add``; ``add`` tells the joiner its arrival index ``n``.
-* ``r<r>/result`` — the members of round ``r`` in rank order, written once with
+* ``state/r<r>/result`` — the members of round ``r`` in rank order, written once with
   ``compare_set(None → …)`` by the *decider*: the joiner whose ``n`` reaches
   ``max_nodes`` (at once) or whose last call ends with ``≥ min_nodes`` live joiners
   (the ``min_nodes``-th joiner holds torch's last-call deadline; later joiners are
@@ -18,8 +18,15 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
   N nodes costs O(N) store operations and bytes in total, O(1) per node.
 * ``r<r>/ev/w/<node>`` (leased) — a late arrival on the wait list; ``r<r>/x/<node>`` —
   on the redundancy list; ``r<r>/ev/lost`` — a member saw its ring successor's lease
-  expire.  ``r<r>/next`` — the round is over (next round number, or closed): what
+  expire.  ``state/r<r>/next`` — the round is over (next round number, or closed): what
   waiting and redundant nodes wait on.
+
+Ending a round (or closing) is two writes: the ``state``, then the end marker.  The
+markers live under the ``state`` key's own prefix, and a node waiting for one
+(:meth:`DynamicRendezvousHandler._wait_end`) watches that prefix: it wakes on the marker
+*or* on the state moving on, so a node that dies between its two writes strands nobody.
+The prefix changes only when a round is decided, ends or closes: O(1) wake-ups per
+waiter per round.
 
 Members of a complete round watch the control prefix; each checks only its successor
 in rank order (a ring), so a death costs O(N) wake-ups in total, and the one who sees
@@ -312,6 +319,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def _rk(self, r: int, *parts: str) -> str:
         return self._c + f"r{r}/" + "/".join(parts)
 
+    def _ek(self, r: int, part: str) -> str:
+        """Round ``r``'s ``result`` or ``next`` key, under the state key's prefix."""
+        return self._c + f"state/r{r}/{part}"
+
     # -- torch's API ------------------------------------------------------------------
     @property
     def settings(self) -> RendezvousSettings:
@@ -341,7 +352,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if st.closed:
                 self._raise_closed()
             r = st.round
-            raw = await self._store.try_get(self._rk(r, "result"))
+            raw = await self._store.try_get(self._ek(r, "result"))
             members: _Members | None
             if raw is None:
                 members = await self._join_open_round(r, deadline)
@@ -434,31 +445,59 @@ class DynamicRendezvousHandler(RendezvousHandler):
             raw = await self._store.compare_set(
                 key, None, _dump({"version": _VERSION, "round": 0, "closed": False})
             )
+        return raw, self._parse_state(raw)
+
+    def _parse_state(self, raw: bytes) -> _State:
+        key = self._k("state")
         obj = _load(key, raw)
         st = _State(_field(key, obj, "round", int), _field(key, obj, "closed", bool))
         if st.round < 0:
             raise _corrupt(key, f"negative round {st.round}")
-        return raw, st
+        return st
+
+    async def _wait_end(self, r: int, part: str, timeout: float | None) -> bytes | None:
+        """Wait for round ``r``'s ``part`` marker (``result`` or ``next``); return it.
+
+        Returns ``None`` if the state moved past round ``r`` (or closed) without the
+        marker — its writer died between its two writes; the caller re-reads the state.
+        Raises :class:`TimeoutError` after ``timeout`` seconds.
+        """
+        clock, store = self._clock, self._store
+        prefix, key = self._k("state"), self._ek(r, part)
+        deadline = None if timeout is None else clock.now() + timeout
+        while True:
+            rev, snap = await store.snapshot(prefix)
+            if key in snap:
+                return snap[key]
+            raw = snap.get(prefix)
+            if raw is not None:
+                st = self._parse_state(raw)
+                if st.closed or st.round != r:
+                    return None
+            left = None if deadline is None else deadline - clock.now()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"{key} was not written within {timeout}s")
+            await store.watch(prefix, rev, left)
 
     def _decode_result(self, r: int, raw: bytes) -> _Members | None:
         """The members of round ``r`` in rank order, or ``None`` if it was closed."""
         try:
             members = _parse_result(raw, self._core.max_nodes)
         except _Corrupt as e:
-            raise _corrupt(self._rk(r, "result"), str(e)) from None
+            raise _corrupt(self._ek(r, "result"), str(e)) from None
         return members
 
     async def _previous_members(self, r: int) -> tuple[str, ...]:
         if r == 0:
             return ()
-        raw = await self._store.try_get(self._rk(r - 1, "result"))
+        raw = await self._store.try_get(self._ek(r - 1, "result"))
         return (self._decode_result(r - 1, raw) or ()) if raw is not None else ()
 
     async def _join_open_round(self, r: int, deadline: float) -> _Members | None:
         """Join open round ``r``; decide it if it falls to us; return its members."""
         clock, store = self._clock, self._store
         mprefix = self._rk(r, "m/")
-        result_key = self._rk(r, "result")
+        result_key = self._ek(r, "result")
         await store.set(mprefix + self._node, b"", lease=self._lease)
         n = await store.add(self._rk(r, "count"), 1)
         joined_at = clock.now()
@@ -472,8 +511,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 raise self._timeout_error(r, n)
             until = deadline if attempt is None else min(deadline, attempt)
             try:
-                # The one wait of a joiner: a key waiter, woken once, by the decider.
-                return self._decode_result(r, await store.get(result_key, until - now))
+                # The one wait of a joiner, woken by the decider (or by a close).
+                raw = await self._wait_end(r, "result", until - now)
+                return None if raw is None else self._decode_result(r, raw)
             except TimeoutError:
                 pass
             if attempt is None or clock.now() < attempt:
@@ -529,7 +569,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # Redundant nodes wait without a deadline (torch); waiting ones within join.
         timeout = None if self._redundant else max(0.0, deadline - self._clock.now())
         try:
-            await self._store.get(self._rk(r, "next"), timeout)
+            await self._wait_end(r, "next", timeout)
         except TimeoutError:
             await self._store.delete(key)
             raise self._timeout_error(r, None) from None
@@ -540,10 +580,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         desired = _dump({"version": _VERSION, "round": r + 1, "closed": False})
         if await self._store.compare_set(self._k("state"), raw_state, desired) != desired:
             return
-        await self._store.set(self._rk(r, "next"), _dump({"version": _VERSION, "round": r + 1}))
+        await self._store.set(self._ek(r, "next"), _dump({"version": _VERSION, "round": r + 1}))
         if r >= 1:  # nobody reads round r-1 any more (round r+1's decider reads round r)
-            for part in ("result", "count", "next"):
-                await self._store.delete(self._rk(r - 1, part))
+            for key in (
+                self._ek(r - 1, "result"),
+                self._rk(r - 1, "count"),
+                self._ek(r - 1, "next"),
+            ):
+                await self._store.delete(key)
 
     async def _close(self) -> None:
         while True:
@@ -555,8 +599,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 break
         r = st.round
         closed = {"version": _VERSION, "round": r, "closed": True}
-        await self._store.compare_set(self._rk(r, "result"), None, _dump(closed))  # joiners
-        await self._store.set(self._rk(r, "next"), _dump(closed))  # members, waiting, redundant
+        await self._store.compare_set(self._ek(r, "result"), None, _dump(closed))  # joiners
+        await self._store.set(self._ek(r, "next"), _dump(closed))  # members, waiting, redundant
 
     def _raise_closed(self) -> None:
         if self._redundant:
