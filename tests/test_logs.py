@@ -79,6 +79,7 @@ def test_layout_is_run_dir_attempt_rank_and_sets_error_file(tmp_path: Path) -> N
         str(rank[r] / "error.json") for r in range(2)
     ]
     assert dest.filtered_stdout == str(run / "attempt_3" / "filtered_stdout.log")
+    assert dest.attempt_dir == str(run / "attempt_3")
 
 
 def test_every_attempt_keeps_its_own_directory_in_one_run_dir(tmp_path: Path) -> None:
@@ -106,6 +107,7 @@ def test_devnull_log_dir_writes_nothing(tmp_path: Path) -> None:
     assert dest.error_files == {0: os.devnull, 1: os.devnull}
     assert envs[0]["TORCHELASTIC_ERROR_FILE"] == ""
     assert specs.run_log_dir is None
+    assert dest.attempt_dir is None
 
 
 def test_log_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:

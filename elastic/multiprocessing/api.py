@@ -94,6 +94,10 @@ class LogsDest:
     error_files: dict[int, str] = field(default_factory=dict)
     filtered_stdout: str = ""
     filtered_stderr: str = ""
+    #: The attempt's directory (every rank's error file is under it), unique to this
+    #: agent's run; None when there is none (``/dev/null`` logs).  Not in torch's
+    #: ``LogsDest``: the launcher tags the workers' process trees with it.
+    attempt_dir: str | None = None
 
 
 class LogsSpecs(ABC):
@@ -190,6 +194,7 @@ class DefaultLogsSpecs(LogsSpecs):
             stderrs=dict.fromkeys(range(nprocs), console),
             filtered_stdout=os.path.join(attempt_dir, "filtered_stdout.log"),
             filtered_stderr=os.path.join(attempt_dir, "filtered_stderr.log"),
+            attempt_dir=None if attempt_dir == os.devnull else attempt_dir,
         )
         for rank in range(nprocs):
             if attempt_dir == os.devnull:

@@ -62,23 +62,29 @@ class LoopThread:
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the loop; block until it is done; return or raise its outcome."""
-        if self._closed:
-            coro.close()
-            raise RuntimeError("LoopThread.run() after close()")
+    def _refuse_own_thread(self, what: str) -> None:
         if threading.current_thread() is self._thread:
-            coro.close()
             raise RuntimeError(
-                "LoopThread.run() called from the loop's own thread (it would wait for "
+                f"LoopThread.{what}() called from the loop's own thread (it would wait for "
                 "itself): await the coroutine instead"
             )
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop; block until it is done; return or raise its outcome."""
+        try:
+            if self._closed:
+                raise RuntimeError("LoopThread.run() after close()")
+            self._refuse_own_thread("run")
+        except RuntimeError:
+            coro.close()
+            raise
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def close(self) -> None:
         """Cancel the loop's remaining tasks, stop it and join its thread (idempotent)."""
         if self._closed:
             return
+        self._refuse_own_thread("close")
         self._closed = True
         asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -42,7 +42,7 @@ import signal
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from elastic.real.reaper import needle
+from elastic.real.reaper import AGENT_MARKER, ERROR_FILE, GROUP_MARKER, needle
 
 __all__ = [
     "AGENT_MARKER",
@@ -58,11 +58,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
-# the fallback markers, added only where workers get no error file path (see the top)
-AGENT_MARKER = "ELASTIC_AGENT_INSTANCE"
-GROUP_MARKER = "ELASTIC_WORKER_GROUP"
 
 
 @dataclass(frozen=True, slots=True)

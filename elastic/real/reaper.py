@@ -54,11 +54,16 @@ import sys
 _sig = __import__("_signal")
 _SIGKILL = 9
 
-__all__ = ["ReaperSidecar", "kill_marked", "needle"]
+__all__ = ["AGENT_MARKER", "ERROR_FILE", "GROUP_MARKER", "ReaperSidecar", "kill_marked", "needle"]
 
-# variables a sidecar must not inherit from its agent: it would count as a worker's
+# The variables that mark a worker's process tree (see elastic.real.proctree, which
+# re-exports them): torch's error file path, else the launcher's own two.
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+AGENT_MARKER = "ELASTIC_AGENT_INSTANCE"
+GROUP_MARKER = "ELASTIC_WORKER_GROUP"
+# a sidecar inherits none of them from its agent: it would count as a worker's
 # descendant of a launcher above (the agent's own error file is that launcher's marker)
-_NOT_INHERITED = ("TORCHELASTIC_ERROR_FILE", "ELASTIC_AGENT_INSTANCE", "ELASTIC_WORKER_GROUP")
+_NOT_INHERITED = (ERROR_FILE, AGENT_MARKER, GROUP_MARKER)
 
 
 def needle(name: str, value: str, how: str) -> bytes:

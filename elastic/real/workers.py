@@ -162,7 +162,6 @@ class ProcessGroup:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        group_id: str,
         marker: proctree.Marker,
         dest: LogsDest,
         private_dir: str,
@@ -170,7 +169,6 @@ class ProcessGroup:
         kill_timeout: float,
     ) -> None:
         self._loop = loop
-        self.group_id = group_id
         self.marker = marker
         self.logs = dest
         self._private_dir = private_dir
@@ -528,7 +526,6 @@ class ProcessWorkers:
         self._reaper = reaper
         self._agent_marker: proctree.Marker | None = None
         self._sidecar: ReaperSidecar | None = None
-        self._sidecar_fd: int | None = None
         self._became_subreaper = False
 
     @property
@@ -542,37 +539,33 @@ class ProcessWorkers:
         """What every process this agent started carries (None before the first start)."""
         return self._agent_marker
 
-    def _markers(
-        self, error_files: Sequence[str], group_id: str
-    ) -> tuple[proctree.Marker, dict[str, str]]:
-        """The group's marker and the variables to add to its workers' env for markers.
+    def _markers(self, dest: LogsDest) -> tuple[proctree.Marker, dict[str, str]]:
+        """The group's marker and the variables to add to its workers' env for it.
 
-        The agent's marker is chosen at the first start and kept: the error files' run
-        directory (unique per agent: ``mkdtemp``) when every worker has one under it,
-        else the fallback variables.  See :mod:`elastic.real.proctree`.
+        The agent's marker is chosen at the first start and kept: its run directory (the
+        parent of the logs' attempt directory, unique per agent: ``mkdtemp``) when the
+        logs have one, else the fallback variables.  See :mod:`elastic.real.proctree`.
         """
-        specs = self.logs_specs
-        run_dir = specs.run_log_dir if isinstance(specs, DefaultLogsSpecs) else None
+        attempt = dest.attempt_dir
         if self._agent_marker is None:
-            prefix = os.path.join(run_dir, "") if run_dir else None
-            if prefix and error_files and all(f.startswith(prefix) for f in error_files):
-                self._agent_marker = proctree.Marker(proctree.ERROR_FILE, prefix, prefix=True)
-            else:
-                self._agent_marker = proctree.Marker(proctree.AGENT_MARKER, self.instance)
-        agent = self._agent_marker
-        if agent.name != proctree.ERROR_FILE:
-            return proctree.Marker(proctree.GROUP_MARKER, group_id), {
-                proctree.AGENT_MARKER: self.instance,
-                proctree.GROUP_MARKER: group_id,
-            }
-        # <run dir>/attempt_<k>/<local_rank>/error.json
-        attempts = {os.path.dirname(os.path.dirname(f)) for f in error_files}
-        if len(attempts) != 1 or not all(f.startswith(agent.value) for f in error_files):
-            raise ElasticError(
-                f"the logs specs put this group's error files {sorted(error_files)} outside "
-                f"one attempt directory of {agent.value}"
+            self._agent_marker = (
+                proctree.Marker(proctree.AGENT_MARKER, self.instance)
+                if attempt is None
+                else proctree.Marker(
+                    proctree.ERROR_FILE, os.path.join(os.path.dirname(attempt), ""), prefix=True
+                )
             )
-        return proctree.Marker(proctree.ERROR_FILE, os.path.join(attempts.pop(), ""), True), {}
+        agent = self._agent_marker
+        if not agent.prefix:
+            group_id = uuid.uuid4().hex
+            env = {proctree.AGENT_MARKER: self.instance, proctree.GROUP_MARKER: group_id}
+            return proctree.Marker(proctree.GROUP_MARKER, group_id), env
+        if attempt is None or not attempt.startswith(agent.value):
+            raise ElasticError(
+                f"the logs put this group's attempt directory ({attempt}) outside the "
+                f"agent's run directory {agent.value}"
+            )
+        return proctree.Marker(proctree.ERROR_FILE, os.path.join(attempt, ""), prefix=True), {}
 
     @property
     def reaper_pid(self) -> int | None:
@@ -635,18 +628,16 @@ class ProcessWorkers:
             reify_envs[r].setdefault("TORCHELASTIC_RESTART_COUNT", str(la.attempt))
         dest = self.logs_specs.reify(reify_envs)
 
-        group_id = uuid.uuid4().hex
-        error_files = [reify_envs[r].get(proctree.ERROR_FILE, "") for r in range(len(launches))]
-        marker, marker_env = self._markers(error_files, group_id)
+        marker, marker_env = self._markers(dest)
         private_dir = tempfile.mkdtemp(prefix="elastic_workers_")
         group = ProcessGroup(
-            loop, group_id, marker, dest, private_dir, read_oom_counters(), self._kill_timeout
+            loop, marker, dest, private_dir, read_oom_counters(), self._kill_timeout
         )
         try:
             for r in range(len(launches)):
                 la = by_rank[r]
                 env = {**os.environ, **la.env, **marker_env}
-                env[proctree.ERROR_FILE] = error_files[r]
+                env[proctree.ERROR_FILE] = reify_envs[r].get(proctree.ERROR_FILE, "")
                 w = self._start_one(loop, group, la, env, dest, private_dir)
                 group._workers[r] = w
                 group._watch(w)

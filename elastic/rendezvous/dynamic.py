@@ -463,13 +463,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         Raises :class:`TimeoutError` after ``timeout`` seconds.
         """
         clock, store = self._clock, self._store
-        prefix, key = self._k("state"), self._ek(r, part)
+        # the state key is also the prefix of every end marker (see the module docstring)
+        state_key, key = self._k("state"), self._ek(r, part)
         deadline = None if timeout is None else clock.now() + timeout
         while True:
-            rev, snap = await store.snapshot(prefix)
+            rev, snap = await store.snapshot(state_key)
             if key in snap:
                 return snap[key]
-            raw = snap.get(prefix)
+            raw = snap.get(state_key)
             if raw is not None:
                 st = self._parse_state(raw)
                 if st.closed or st.round != r:
@@ -477,7 +478,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             left = None if deadline is None else deadline - clock.now()
             if left is not None and left <= 0:
                 raise TimeoutError(f"{key} was not written within {timeout}s")
-            await store.watch(prefix, rev, left)
+            await store.watch(state_key, rev, left)
 
     def _decode_result(self, r: int, raw: bytes) -> _Members | None:
         """The members of round ``r`` in rank order, or ``None`` if it was closed."""
