@@ -18,6 +18,10 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from elastic.real.reaper import ReaperSidecar
 
 __all__ = ["main"]
 
@@ -35,6 +39,20 @@ def _configure_logging() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``elastic run`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    # The reaper sidecar first (no orphans even if the agent is SIGKILLed; see
+    # elastic.real.reaper): its interpreter starts on the CPU that the agent's
+    # single-threaded imports below leave idle, instead of next to the workers later.
+    from elastic.real.reaper import ReaperSidecar
+
+    reaper = ReaperSidecar()
+    reaper.start()
+    try:
+        return _main(argv, reaper)
+    finally:
+        reaper.close()  # a no-op when the agent already let it go
+
+
+def _main(argv: Sequence[str] | None, reaper: ReaperSidecar) -> int:
     from elastic.errors import ConfigError
 
     _configure_logging()
@@ -57,8 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return e.code if isinstance(e.code, int) else 2
 
         from elastic.agent.server.local_elastic_agent import SignalException
+        from elastic.errors import ElasticError
         from elastic.launcher.api import LaunchError, elastic_launch
-        from elastic.multiprocessing.errors import ChildFailedError
 
         _import_agent_modules()
         gc.freeze()
@@ -67,19 +85,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             gc.enable()
 
     try:
-        elastic_launch(config, cmd)(*cmd_args)
+        elastic_launch(config, cmd, reaper=reaper)(*cmd_args)
     except ConfigError as e:
         print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 2
-    except ChildFailedError as e:
-        _pass_root_cause_up(e)
-        print(f"{_PROG}: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
     except SignalException as e:
         print(f"{_PROG}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     except LaunchError as e:
         print(f"{_PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except ElasticError as e:
+        # ChildFailedError: its module (the error-file machinery) is imported by the
+        # launcher only when there is a failure to report, so it is not named above
+        from elastic.multiprocessing.errors import ChildFailedError
+
+        if not isinstance(e, ChildFailedError):
+            raise
+        _pass_root_cause_up(e)
+        print(f"{_PROG}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0
 

@@ -33,12 +33,12 @@ import argparse
 import logging
 import os
 import sys
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from elastic.errors import ConfigError
+from elastic.ids import uuid4_str
 from elastic.rendezvous.utils import parse_rendezvous_config
 
 __all__ = [
@@ -590,7 +590,7 @@ def config_from_args(
     environ: Mapping[str, str] | None = None,
     gpu_count: Callable[[], int] | None = None,
     cpu_count: Callable[[], int] | None = None,
-    new_run_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+    new_run_id: Callable[[], str] = uuid4_str,
 ) -> tuple[LaunchConfig, Callable[..., Any] | str, list[str]]:
     """(config, command, command args) from parsed arguments, with torchrun's rules.
 

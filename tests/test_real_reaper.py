@@ -72,3 +72,75 @@ def test_sidecar_kills_marked_processes_only_when_the_agent_did_not_say_quit(how
     finally:
         victim.kill()
         victim.wait()
+
+
+# an agent that starts its sidecar first, sends the marker later (as ``elastic run``
+# does: the sidecar starts before the agent's modules are imported), then exits without
+# a word ("died"), says "q" ("clean"), or dies before it sent any marker ("early")
+LATE = """
+import sys, time
+from elastic.real.reaper import ReaperSidecar
+s = ReaperSidecar()
+print(s.start(), flush=True)
+time.sleep(0.2)  # the sidecar is up and waiting by now
+if sys.argv[4] != "early":
+    s.set_marker(sys.argv[1:4])
+if sys.argv[4] == "clean":
+    s.request_exit()
+"""
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["clean", "died", "early"])
+def test_a_sidecar_started_first_learns_the_marker_over_its_pipe(how: str) -> None:
+    run_dir = f"/tmp/no-such-dir/{uuid.uuid4().hex}/"
+    marker = Marker("TORCHELASTIC_ERROR_FILE", run_dir, prefix=True)
+    victim = subprocess.Popen(
+        ["sleep", "30"],
+        env={**os.environ, "TORCHELASTIC_ERROR_FILE": run_dir + "attempt_0/0/error.json"},
+    )
+    try:
+        out = subprocess.run(
+            [PY, "-c", textwrap.dedent(LATE), *marker.argv(), how],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+        sidecar = int(out.stdout.strip())
+        assert _wait_gone(sidecar, 10.0), "the sidecar did not exit"
+        if how == "died":
+            assert victim.wait(10) == -9  # the marker it was sent is what it kills
+        else:
+            time.sleep(0.1)
+            assert victim.poll() is None, f"{how}: killed with no marker or after a clean exit"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_orders_read_the_same_whatever_the_pipe_splits() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from elastic.real.reaper import _Orders, marker_message, needle
+
+    @given(
+        value=st.text(st.characters(blacklist_characters="\0", blacklist_categories=["Cs"])),
+        first=st.text(st.characters(blacklist_characters="\0", blacklist_categories=["Cs"])),
+        quit_=st.booleans(),
+        cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=6),
+    )
+    def check(value: str, first: str, quit_: bool, cuts: list[int]) -> None:
+        stream = marker_message(["NAME", first, "exact"])
+        stream += marker_message(["ERR", value, "prefix"]) + (b"q\0" if quit_ else b"")
+        orders = _Orders()
+        at = 0
+        for cut in sorted(min(c, len(stream)) for c in cuts):
+            orders.feed(stream[at:cut])
+            at = cut
+        orders.feed(stream[at:])
+        assert orders.needle == needle("ERR", value, "prefix")  # the last marker sent
+        assert orders.quit is quit_
+
+    check()

@@ -170,3 +170,41 @@ def test_c_spawn_dups_fds_and_clears_close_on_exec_of_a_same_numbered_one(
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert out.read_text() == "one+two"
+
+
+SUBREAPER_PROBE = """
+import ctypes, sys
+from elastic.real import proctree
+if sys.argv[1] == "ctypes":
+    proctree._ctypes_set_child_subreaper()
+else:
+    assert proctree.become_subreaper()
+libc = ctypes.CDLL(None, use_errno=True)
+flag = ctypes.c_int(0)
+libc.prctl(37, ctypes.byref(flag), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+print(flag.value, "ctypes" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("how", ["c", "ctypes"])
+def test_the_agent_becomes_a_child_subreaper_by_either_path(how: str) -> None:
+    import subprocess
+
+    out = subprocess.run(
+        [PY, "-c", SUBREAPER_PROBE, how], capture_output=True, text=True, timeout=60, check=True
+    )
+    flag, _ = out.stdout.split()
+    assert flag == "1", out.stderr
+
+
+def test_becoming_a_subreaper_does_not_import_ctypes_when_the_extension_is_built() -> None:
+    import subprocess
+
+    if real_workers._cspawn is None:
+        pytest.fail("the C start path was not built (pip install -e . builds it with gcc)")
+    code = (
+        "import sys; from elastic.real import proctree; assert proctree.become_subreaper(); "
+        "print('ctypes' in sys.modules)"
+    )
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr

@@ -25,14 +25,17 @@ import logging
 import os
 import socket
 import sys
-import uuid
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from elastic.errors import ConfigError, ElasticError
+from elastic.ids import uuid4_int
 from elastic.run_args import LaunchConfig
 
 __all__ = ["LaunchConfig", "LaunchError", "elastic_launch", "free_port", "launch_agent"]
+
+if TYPE_CHECKING:
+    from elastic.real.reaper import ReaperSidecar
 
 logger = logging.getLogger(__name__)
 
@@ -49,13 +52,22 @@ class elastic_launch:  # torch's name
         config: LaunchConfig,
         entrypoint: Callable[..., Any] | str | None,
         health_check_server: Any = None,
+        *,
+        reaper: ReaperSidecar | None = None,
     ) -> None:
         self._config = config
         self._entrypoint = entrypoint
         self._health_check_server = health_check_server
+        self._reaper = reaper
 
     def __call__(self, *args: Any) -> dict[int, Any]:
-        return launch_agent(self._config, self._entrypoint, list(args), self._health_check_server)
+        return launch_agent(
+            self._config,
+            self._entrypoint,
+            list(args),
+            self._health_check_server,
+            reaper=self._reaper,
+        )
 
 
 def _entrypoint_name(entrypoint: Callable[..., Any] | str | None, args: list[Any]) -> str:
@@ -94,12 +106,20 @@ def launch_agent(
     entrypoint: Callable[..., Any] | str | None,
     args: list[Any],
     health_check_server: Any = None,
+    *,
+    reaper: ReaperSidecar | None = None,
 ) -> dict[int, Any]:
-    """Run one agent on this node until the job ends (see the module docstring)."""
+    """Run one agent on this node until the job ends (see the module docstring).
+
+    ``reaper``: a reaper sidecar already started (``elastic run`` starts it first thing,
+    see :mod:`elastic.real.reaper`) for the agent's workers to use; else they start one.
+    """
     from elastic.real.clock import run_sync
 
     result: dict[int, Any] = run_sync(
-        launch_agent_async(config, entrypoint, args, health_check_server=health_check_server)
+        launch_agent_async(
+            config, entrypoint, args, health_check_server=health_check_server, reaper=reaper
+        )
     )
     return result
 
@@ -110,13 +130,13 @@ async def launch_agent_async(
     args: list[Any],
     *,
     health_check_server: Any = None,
+    reaper: ReaperSidecar | None = None,
 ) -> dict[int, Any]:
     """:func:`launch_agent` on the running event loop."""
     from elastic.agent.server.api import WorkerSpec, WorkerState
     from elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from elastic.memstore import MemoryStore
     from elastic.multiprocessing.api import DefaultLogsSpecs, LogsSpecs
-    from elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
     from elastic.real.clock import AsyncioClock
     from elastic.rendezvous.api import RendezvousContext, RendezvousParameters
     from elastic.rendezvous.registry import get_rendezvous_handler
@@ -132,7 +152,7 @@ async def launch_agent_async(
         raise ConfigError("entrypoint", "got None; expected a program or a function")
     run_id = config.run_id
     if not run_id:
-        run_id = str(uuid.uuid4().int)
+        run_id = str(uuid4_int())
         logger.warning("config has no run_id, generated a random run_id: %s", run_id)
 
     clock = AsyncioClock()
@@ -241,6 +261,7 @@ async def launch_agent_async(
             hang_timeout=config.hang_timeout,
             signals_to_handle=config.signals_to_handle,
             node=node_id,
+            reaper=True if reaper is None else reaper,
         )
         from elastic.agent.server.local_elastic_agent import SignalException
 
@@ -260,6 +281,8 @@ async def launch_agent_async(
         return {}
     if result.state == WorkerState.SUCCEEDED:
         return dict(result.return_values)
+    from elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
     name = _entrypoint_name(entrypoint, args)
     failures = {r: f for r, f in result.failures.items() if isinstance(f, ProcessFailure)}
     if failures:

@@ -23,6 +23,10 @@
  * All arguments are converted to C arrays before vfork, so the child allocates nothing.
  * The calling thread is suspended until the child has exec'd or exited (vfork); other
  * threads of the parent keep running, which is safe for the same reasons as above.
+ *
+ * set_child_subreaper() -> None
+ *   prctl(PR_SET_CHILD_SUBREAPER, 1) for the calling process; OSError on failure.  Here
+ *   so that the agent need not import ctypes (≈3 ms of its start-up) to make one call.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -264,7 +268,19 @@ done:
     return result;
 }
 
+static PyObject *set_child_subreaper(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    (void)self;
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"set_child_subreaper", set_child_subreaper, METH_NOARGS,
+     "set_child_subreaper() -> None\n\n"
+     "Make the calling process a child subreaper (prctl PR_SET_CHILD_SUBREAPER);\n"
+     "OSError if the kernel refuses."},
     {"spawn", (PyCFunction)(void (*)(void))spawn, METH_VARARGS | METH_KEYWORDS,
      "spawn(path, argv, envp, fd_map, pgid=0, pdeathsig=9, parent_pid=0, setsid=False)"
      " -> pid\n\n"

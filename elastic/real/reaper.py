@@ -25,22 +25,29 @@ Three mechanisms, each covering what the one before cannot:
 
 The sidecar runs in its own session (Ctrl-C in the terminal reaches the agent, which
 stops its workers, not the sidecar, which must outlive the agent) and ignores SIGINT,
-SIGHUP and SIGTERM (only SIGKILL ends it early).  It holds no marker itself.  On a clean
-shutdown the agent writes ``q`` to the pipe and the sidecar exits without scanning.
-A race closed at start-up: if the agent died before the sidecar opened its pidfd,
-``getppid()`` is no longer the agent, and the sidecar kills at once.
+SIGHUP and SIGTERM (only SIGKILL ends it early).  It holds no marker itself: the agent
+sends its marker over the pipe (NUL-terminated fields ``m``, name, value, ``exact`` or
+``prefix``) before it spawns the first process that carries it.  On a clean shutdown the
+agent writes ``q`` and the sidecar exits without scanning.  When the agent dies, what it
+wrote is still in the pipe: the sidecar drains it before deciding, so a marker sent an
+instant before the agent was killed is used, and a ``q`` is honoured.  A race closed at
+start-up: if the agent died before the sidecar opened its pidfd, ``getppid()`` is no
+longer the agent, and the sidecar decides at once from what the pipe holds.
 
 What it cannot catch: a descendant that dropped the marker (started with a scrubbed
 environment) *and* left the worker's process group and session; processes of another
 user.  The agent's ``stop()`` still finds such a process by parentage while the agent
 lives.
 
-This file runs as ``python -I -S reaper.py <agent_pid> <name> <value> exact|prefix``
-(the marker as :meth:`elastic.real.proctree.Marker.argv` writes it): standard
-library only, and few modules of it (``os``, ``sys``, ``select``, ``_signal``), so the
-sidecar is up in about 10 ms of one CPU, next to workers starting on the same CPUs.
-The agent spawns it right after the first group's workers (see
-:mod:`elastic.real.workers`), not before them.
+This file runs as ``python -I -S reaper.py <agent_pid>``: standard library only, and
+few modules of it (``os``, ``sys``, ``select``, ``_signal``), so the sidecar is up in
+about 10 ms of one CPU.  ``elastic run`` starts it first thing (:meth:`ReaperSidecar.start`
+before the agent's modules are imported), so that its start-up runs on a CPU the agent's
+single-threaded import leaves idle rather than next to the workers starting; the agent's
+:class:`~elastic.real.workers.ProcessWorkers` is handed it and sends the marker before
+the first worker is spawned.  A ``ProcessWorkers`` given none starts its own right after
+the first group's workers (the same synchronous call, before any worker ran a line) and
+sends the marker at once.
 """
 
 from __future__ import annotations
@@ -54,7 +61,15 @@ import sys
 _sig = __import__("_signal")
 _SIGKILL = 9
 
-__all__ = ["AGENT_MARKER", "ERROR_FILE", "GROUP_MARKER", "ReaperSidecar", "kill_marked", "needle"]
+__all__ = [
+    "AGENT_MARKER",
+    "ERROR_FILE",
+    "GROUP_MARKER",
+    "ReaperSidecar",
+    "kill_marked",
+    "marker_message",
+    "needle",
+]
 
 # The variables that mark a worker's process tree (see elastic.real.proctree, which
 # re-exports them): torch's error file path, else the launcher's own two.
@@ -113,13 +128,56 @@ def kill_marked(needle: bytes, *, max_rounds: int = 200) -> int:
     return len(killed)
 
 
-def _sidecar(agent_pid: int, marker: bytes) -> int:
+class _Orders:
+    """What the agent said over the pipe: its marker (the last one sent) and "q"."""
+
+    def __init__(self) -> None:
+        self.needle: bytes | None = None
+        self.quit = False
+        self._rest = b""
+
+    def feed(self, data: bytes) -> None:
+        fields = (self._rest + data).split(b"\0")
+        self._rest = fields.pop()  # an unterminated field: the rest of it is to come
+        i = 0
+        while i < len(fields):
+            if fields[i] == b"q":
+                self.quit = True
+            elif fields[i] == b"m":
+                if len(fields) - i < 4:  # the marker's fields are split across reads
+                    self._rest = b"\0".join([*fields[i:], self._rest])
+                    return
+                name, value, how = (os.fsdecode(f) for f in fields[i + 1 : i + 4])
+                self.needle = needle(name, value, how)
+                i += 3
+            i += 1
+
+    def drain(self, fd: int) -> None:
+        """Read what the pipe holds without blocking (the agent may be gone)."""
+        try:
+            os.set_blocking(fd, False)
+            while True:
+                data = os.read(fd, 65536)
+                if not data:
+                    return
+                self.feed(data)
+        except OSError:  # BlockingIOError: nothing more for now
+            return
+
+
+def marker_message(marker: list[str]) -> bytes:
+    """The pipe message that gives the sidecar the marker (``Marker.argv()``'s three fields)."""
+    return b"".join(os.fsencode(f) + b"\0" for f in ["m", *marker])
+
+
+def _sidecar(agent_pid: int, pipe: int = 0) -> int:
     # it must outlive the agent: the terminal's or a parent launcher's shutdown signals are
     # for the agent, which then stops its workers and lets this process go with "q"
     import select
 
     for sig in (_sig.SIGINT, _sig.SIGHUP, _sig.SIGTERM):
         _sig.signal(sig, _sig.SIG_IGN)
+    orders = _Orders()
     try:
         pidfd: int | None = os.pidfd_open(agent_pid)
     except OSError:
@@ -127,45 +185,38 @@ def _sidecar(agent_pid: int, marker: bytes) -> int:
     if pidfd is not None and os.getppid() == agent_pid:
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
-        poller.register(0, select.POLLIN)
+        poller.register(pipe, select.POLLIN)
         pipe_open = True
         while True:
             ready = {fd for fd, _ in poller.poll()}
-            # the pipe first: an agent that said "q" and exited at once (it need not
-            # wait for us) makes both ready, and its workers are already stopped
-            if 0 in ready and pipe_open:
-                data = os.read(0, 64)
-                if b"q" in data:
+            if pipe in ready and pipe_open:
+                data = os.read(pipe, 65536)
+                orders.feed(data)
+                if orders.quit:
                     return 0  # clean shutdown: the agent stopped its workers itself
                 if not data:
                     # every write end closed; the agent may still live (it closed the
                     # pipe by mistake), so keep waiting on its pidfd alone
-                    poller.unregister(0)
+                    poller.unregister(pipe)
                     pipe_open = False
             if pidfd in ready:
                 break  # the agent is gone
-    elif _said_quit():
-        return 0  # the agent finished (and said so) before we were up
-    n = kill_marked(marker)
+    # the agent is gone: what it wrote last is still in the pipe
+    orders.drain(pipe)
+    if orders.quit or orders.needle is None:
+        return 0  # it finished cleanly, or died before it started anything marked
+    n = kill_marked(orders.needle)
     if n:
         sys.stderr.write(f"elastic reaper: agent {agent_pid} died; killed {n} process(es)\n")
     return 0
 
 
-def _said_quit() -> bool:
-    """Whether the agent wrote "q" to the pipe (without blocking: it may be gone)."""
-    try:
-        os.set_blocking(0, False)
-        return b"q" in os.read(0, 64)
-    except OSError:
-        return False
-
-
 class ReaperSidecar:
-    """The agent's handle on its sidecar: start it once, tell it to leave on shutdown."""
+    """The agent's handle on its sidecar: start it once, send the marker, let it go."""
 
-    def __init__(self, marker: list[str]) -> None:
-        """``marker``: the agent's marker as ``proctree.Marker.argv()`` writes it."""
+    def __init__(self, marker: list[str] | None = None) -> None:
+        """``marker``: the agent's marker as ``proctree.Marker.argv()`` writes it, sent
+        right after the start; or None, to send it later with :meth:`set_marker`."""
         self.marker = marker
         self.pid: int | None = None
         self._pipe_w: int | None = None
@@ -185,34 +236,77 @@ class ReaperSidecar:
         try:
             pid = os.posix_spawn(
                 sys.executable,
-                [
-                    sys.executable,
-                    "-I",
-                    "-S",
-                    os.path.abspath(__file__),
-                    str(os.getpid()),
-                    *self.marker,
-                ],
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid())],
                 env,
                 file_actions=[(os.POSIX_SPAWN_DUP2, r, 0)],
                 setsid=True,
             )
+        except BaseException:
+            os.close(w)
+            raise
         finally:
             os.close(r)
         self.pid = pid
         self._pipe_w = w
+        if self.marker is not None:
+            self.set_marker(self.marker)
         return pid
+
+    def set_marker(self, marker: list[str]) -> None:
+        """Tell the sidecar the marker of what to kill if the agent dies.
+
+        Call it before spawning the first process that carries the marker: the bytes are
+        in the pipe when this returns, and the sidecar reads them even after the agent's
+        death.
+        """
+        self.marker = marker
+        if self._pipe_w is None:
+            return
+        data = marker_message(marker)
+        try:
+            while data:
+                data = data[os.write(self._pipe_w, data) :]
+        except OSError:
+            pass  # the sidecar is gone (killed from outside): nothing to tell
 
     def request_exit(self) -> None:
         """Tell the sidecar to exit without killing anything (the agent cleaned up)."""
         if self._pipe_w is not None:
             try:  # noqa: SIM105  # contextlib costs the sidecar's start-up (see the top)
-                os.write(self._pipe_w, b"q")
+                os.write(self._pipe_w, b"q\0")
             except OSError:
                 pass  # the sidecar is gone: nothing to tell
             os.close(self._pipe_w)
             self._pipe_w = None
 
+    def close(self, timeout: float = 5.0) -> None:
+        """:meth:`request_exit`, then reap the sidecar (SIGKILL after ``timeout``).
+
+        Blocking; for a caller with no event loop running (``elastic run`` after its
+        agent returned).  Does nothing once the sidecar was reaped.
+        """
+        pid = self.pid
+        if pid is None:
+            return
+        self.request_exit()
+        import select
+
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # reaped by someone else already
+            self.pid = None
+            return
+        try:
+            if not select.select([fd], [], [], timeout)[0]:
+                os.kill(pid, _SIGKILL)
+            try:  # noqa: SIM105  # contextlib costs the sidecar's start-up (see the top)
+                os.waitid(os.P_PIDFD, fd, os.WEXITED)
+            except ChildProcessError:
+                pass
+        finally:
+            os.close(fd)
+            self.pid = None
+
 
 if __name__ == "__main__":
-    sys.exit(_sidecar(int(sys.argv[1]), needle(*sys.argv[2:5])))
+    sys.exit(_sidecar(int(sys.argv[1])))

@@ -34,7 +34,7 @@ reaps it with ``waitid(P_PIDFD)`` and queues a :class:`~elastic.workers.WorkerEx
 thread, no polling; ``next_exit()`` returns exits in the order the kernel reported them.
 Exit codes follow torch: negative for a signal.  Causes: ``STOPPED_BY_AGENT`` for exits
 during ``stop()`` or from a signal the agent sent with ``signal()``; ``OOM_KILLED`` for
-a SIGKILL when the kernel's OOM-kill count rose (:mod:`elastic.multiprocessing.errors.report`);
+a SIGKILL when the kernel's OOM-kill count rose (:mod:`elastic.multiprocessing.oom`);
 ``SIGNALED`` for other signals; else ``EXITED``.
 
 Logging.  Redirected streams go straight from the worker to their file.  Tee'd streams
@@ -48,7 +48,9 @@ every descendant found by parentage or marker (:mod:`elastic.real.proctree`), wa
 on pidfds, not by polling — up to ``grace`` for all of them, then SIGKILLs and rescans
 until nothing is left.  If the agent itself dies, the workers die by their death signal
 and their descendants by the reaper sidecar (:mod:`elastic.real.reaper`); the agent is a
-child subreaper so orphans stay in its tree while it lives.  The sidecar is started right
+child subreaper so orphans stay in its tree while it lives.  ``elastic run`` starts the
+sidecar first thing (on the CPU its own start-up leaves idle) and hands it over; it
+learns the marker before the first worker is spawned.  Otherwise it is started right
 after the first group's workers, not before, so its interpreter does not delay theirs;
 that leaves no window that matters: until it is spawned (the same synchronous call that
 spawned the workers, microseconds) no worker has run a line of code, let alone started a
@@ -72,15 +74,15 @@ import sys
 import tempfile
 import time
 import traceback
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from string import Template
 from typing import IO, Any, Literal
 
 from elastic.errors import ConfigError, ElasticError
+from elastic.ids import uuid4_hex
 from elastic.multiprocessing.api import DefaultLogsSpecs, LogsDest, LogsSpecs
-from elastic.multiprocessing.errors.report import OomCounters, oom_verdict, read_oom_counters
+from elastic.multiprocessing.oom import OomCounters, oom_verdict, read_oom_counters
 from elastic.multiprocessing.tail import TeeSink, default_header
 from elastic.real import _fn_runner, proctree
 from elastic.real.reaper import ReaperSidecar
@@ -505,9 +507,13 @@ class ProcessWorkers:
         console_out: IO[str] | IO[bytes] | None = None,
         console_err: IO[str] | IO[bytes] | None = None,
         subreaper: bool = True,
-        reaper: bool = True,
+        reaper: bool | ReaperSidecar = True,
         kill_timeout: float = 10.0,
     ) -> None:
+        """``reaper``: True to start a sidecar with the first group, False for none, or a
+        sidecar already started (``elastic run`` starts one first thing) to send the
+        marker to before the first worker is spawned; it is this object's from then on
+        (:meth:`aclose` lets it go)."""
         if start_method not in ("spawn", "fork"):
             raise ConfigError(
                 "--start-method", f"{start_method!r} is not supported: use spawn or fork"
@@ -522,7 +528,7 @@ class ProcessWorkers:
         self._console_err = console_err
         self._subreaper = subreaper
         self._kill_timeout = kill_timeout
-        self.instance = uuid.uuid4().hex
+        self.instance = uuid4_hex()
         self._reaper = reaper
         self._agent_marker: proctree.Marker | None = None
         self._sidecar: ReaperSidecar | None = None
@@ -557,7 +563,7 @@ class ProcessWorkers:
             )
         agent = self._agent_marker
         if not agent.prefix:
-            group_id = uuid.uuid4().hex
+            group_id = uuid4_hex()
             env = {proctree.AGENT_MARKER: self.instance, proctree.GROUP_MARKER: group_id}
             return proctree.Marker(proctree.GROUP_MARKER, group_id), env
         if attempt is None or not attempt.startswith(agent.value):
@@ -629,6 +635,12 @@ class ProcessWorkers:
         dest = self.logs_specs.reify(reify_envs)
 
         marker, marker_env = self._markers(dest)
+        if isinstance(self._reaper, ReaperSidecar) and self._sidecar is None:
+            # a sidecar started before us learns the marker before anything carries it
+            assert self._agent_marker is not None  # chosen by _markers above
+            self._sidecar = self._reaper
+            self._sidecar.start()  # idempotent: normally it is up already
+            self._sidecar.set_marker(self._agent_marker.argv())
         private_dir = tempfile.mkdtemp(prefix="elastic_workers_")
         group = ProcessGroup(
             loop, marker, dest, private_dir, read_oom_counters(), self._kill_timeout
@@ -647,7 +659,7 @@ class ProcessWorkers:
         # after the workers (its interpreter start must not delay theirs) and before any
         # await, so before any worker could have started a descendant; see the module
         # docstring
-        if self._reaper and self._sidecar is None:
+        if self._reaper is True and self._sidecar is None:
             assert self._agent_marker is not None  # chosen by _markers above
             self._sidecar = ReaperSidecar(self._agent_marker.argv())
             self._sidecar.start()

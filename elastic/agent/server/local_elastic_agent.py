@@ -50,9 +50,8 @@ import shutil
 import signal
 import tempfile
 import threading
-import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elastic.agent.server.api import (
     DEFAULT_ROLE,
@@ -64,9 +63,12 @@ from elastic.agent.server.api import (
 )
 from elastic.errors import ConfigError, ElasticError
 from elastic.events import EventSink
+from elastic.ids import uuid4_str
 from elastic.multiprocessing.api import LogsSpecs
-from elastic.multiprocessing.errors.report import failure_from_exit
 from elastic.workers import RunningGroup, WorkerExit
+
+if TYPE_CHECKING:
+    from elastic.real.reaper import ReaperSidecar
 
 __all__ = [
     "DEFAULT_SIGNALS_TO_HANDLE",
@@ -170,6 +172,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         signals_to_handle: str | None = None,
         gpu_check: bool = True,
         node: int | str | None = None,
+        reaper: bool | ReaperSidecar = True,
     ) -> None:
         from elastic.real.workers import ProcessWorkers
 
@@ -187,6 +190,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             role=spec.role,
             start_method=method,
             log_line_prefix_template=log_line_prefix_template,
+            reaper=reaper,
         )
         self._hang = _HangWatch(self, hang_timeout) if hang_timeout is not None else None
         super().__init__(
@@ -335,7 +339,7 @@ class LocalElasticAgent(SimpleElasticAgent):
 
             if self._timer_file is None:
                 self._timer_file = os.path.join(
-                    tempfile.gettempdir(), f"watchdog_timer_{uuid.uuid4()}"
+                    tempfile.gettempdir(), f"watchdog_timer_{uuid4_str()}"
                 )
             self._timer_server = FileTimerServer(
                 self._timer_file,
@@ -423,6 +427,9 @@ class LocalElasticAgent(SimpleElasticAgent):
                 self._timer_server.set_worker_pids(self._group.pids().values())
 
     def _failure(self, ex: WorkerExit) -> Any:
+        # imported on the first failure: the error-file machinery is not needed before
+        from elastic.multiprocessing.errors.report import failure_from_exit
+
         return failure_from_exit(ex)
 
     def _torch_env(self, wg: WorkerGroup, worker: Worker, env: dict[str, str]) -> None:
