@@ -48,6 +48,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -421,6 +422,11 @@ class LocalElasticAgent(SimpleElasticAgent):
         if self._progress_monitor is not None:
             self._progress_monitor.reset(range(wg.spec.local_world_size))
         await super()._start_workers(wg)
+        if "elastic.multiprocessing.errors.report" not in sys.modules:
+            # the failure report's modules (error files, datetime, …), imported now while
+            # the workers start up, not on the restart's critical path when one fails;
+            # nor before the first spawn, where every millisecond delays the launch
+            import elastic.multiprocessing.errors.report  # noqa: F401
         if self._group is not None:
             self._groups = [g for g in self._groups if g.running()] + [self._group]
             if self._timer_server is not None:
