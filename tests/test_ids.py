@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import uuid
 
-from elastic.ids import uuid4_hex, uuid4_int, uuid4_str
+from elastic.ids import fqdn, uuid4_hex, uuid4_int, uuid4_str
 
 
 def test_values_are_version_4_rfc_4122_uuids() -> None:
@@ -27,3 +28,14 @@ def test_the_module_does_not_import_uuid() -> None:
     code = "import sys, elastic.ids; elastic.ids.uuid4_str(); print('uuid' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_fqdn_is_what_socket_getfqdn_gives_without_the_idna_codec() -> None:
+    assert fqdn() == socket.getfqdn()
+    code = (
+        "import sys, elastic.ids; print(elastic.ids.fqdn()); "
+        "print('encodings.idna' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    name, idna = out.stdout.split()
+    assert (name, idna) == (socket.getfqdn(), "False"), out.stderr

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 from elastic.errors import ConfigError, ElasticError
-from elastic.ids import uuid4_int
+from elastic.ids import fqdn, uuid4_int
 from elastic.run_args import LaunchConfig
 
 __all__ = ["LaunchConfig", "LaunchError", "elastic_launch", "free_port", "launch_agent"]
@@ -173,7 +173,7 @@ async def launch_agent_async(
     ctx = RendezvousContext(
         store=store,
         clock=clock,
-        node_addr=config.local_addr or socket.getfqdn(),
+        node_addr=config.local_addr or fqdn(),
         node_id=node_id.replace("/", "_"),
         port_chooser=free_port,
     )
