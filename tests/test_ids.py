@@ -1,4 +1,4 @@
-"""elastic.ids gives what uuid.uuid4() gives, without importing uuid."""
+"""elastic.ids gives what uuid.uuid4() gives without importing uuid; fqdn() is getfqdn()."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import subprocess
 import sys
 import uuid
 
-from elastic.ids import fqdn, uuid4_hex, uuid4_int, uuid4_str
+from elastic.ids import uuid4_hex, uuid4_int, uuid4_str
+from elastic.launcher.api import fqdn
 
 
 def test_values_are_version_4_rfc_4122_uuids() -> None:
@@ -33,7 +34,7 @@ def test_the_module_does_not_import_uuid() -> None:
 def test_fqdn_is_what_socket_getfqdn_gives_without_the_idna_codec() -> None:
     assert fqdn() == socket.getfqdn()
     code = (
-        "import sys, elastic.ids; print(elastic.ids.fqdn()); "
+        "import sys, elastic.launcher.api as a; print(a.fqdn()); "
         "print('encodings.idna' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

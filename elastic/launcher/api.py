@@ -29,10 +29,10 @@ from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 from elastic.errors import ConfigError, ElasticError
-from elastic.ids import fqdn, uuid4_int
+from elastic.ids import uuid4_int
 from elastic.run_args import LaunchConfig
 
-__all__ = ["LaunchConfig", "LaunchError", "elastic_launch", "free_port", "launch_agent"]
+__all__ = ["LaunchConfig", "LaunchError", "elastic_launch", "fqdn", "free_port", "launch_agent"]
 
 if TYPE_CHECKING:
     from elastic.real.reaper import ReaperSidecar
@@ -99,6 +99,27 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
+
+
+def fqdn() -> str:
+    """``socket.getfqdn()``: the first dotted name of this host, else its primary name.
+
+    Torch's ``MASTER_ADDR`` and node address.  Without the ``idna`` codec: ``getfqdn``
+    passes the name to ``gethostbyaddr`` as text, which encodes it with ``idna`` and so
+    imports ``encodings.idna``, ``stringprep`` and ``unicodedata`` (≈2 ms of a launch);
+    an ASCII host name passed as bytes is the same query.
+    """
+    name = socket.gethostname()
+    try:
+        raw = name.encode("ascii")
+    except UnicodeEncodeError:  # an internationalised host name: the codec is needed
+        return socket.getfqdn(name)
+    try:
+        # CPython parses the argument with "et": bytes are taken as they are (typeshed says str)
+        hostname, aliases, _ = socket.gethostbyaddr(raw)  # type: ignore[arg-type]
+    except OSError:
+        return name
+    return next((n for n in [hostname, *aliases] if "." in n), hostname)
 
 
 def launch_agent(
