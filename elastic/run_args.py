@@ -509,10 +509,6 @@ def determine_local_world_size(
     ``gpu_count``/``cpu_count`` default to :func:`elastic.gpu.visible_device_count` and
     the CPUs this process may use; tests pass their own.
     """
-    if gpu_count is None:
-        from elastic.gpu import visible_device_count
-
-        gpu_count = visible_device_count
     cpus = cpu_count or _cpu_count
     where = "--nproc-per-node"
     value = nproc_per_node.strip()
@@ -524,6 +520,10 @@ def determine_local_world_size(
         if n < 1:
             raise ConfigError(where, f"got {n}; expected a number of workers >= 1")
         return n
+    if gpu_count is None:  # imported only when asked for: a launch with a number needs none
+        from elastic.gpu import visible_device_count
+
+        gpu_count = visible_device_count
     if value == "cpu":
         n, kind = cpus(), "CPUs"
     elif value == "gpu":

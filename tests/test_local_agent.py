@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -300,3 +302,23 @@ def test_event_log_holds_the_agents_json_lines(tmp_path: Path, tag: str) -> None
     assert kinds[0] == "agent.start" and kinds[-1] == "agent.finish"
     assert kinds.count("torchelastic.worker.status.START") >= 2
     assert "RENDEZVOUS" in kinds
+
+
+@pytest.mark.timeout(60)
+def test_a_launch_with_a_number_of_workers_and_no_driver_imports_no_gpu_module(
+    tmp_path: Path,
+) -> None:
+    # --nproc-per-node 2 needs no device count, and without /dev/nvidiactl there is no
+    # health to read: elastic.gpu (and pynvml) stay out of the launch
+    code = (
+        "import sys; from elastic.agent.server import local_elastic_agent as lae; "
+        f"lae.NVIDIA_CONTROL_DEVICE = {str(tmp_path / 'no-such-device')!r}; "
+        "from elastic.run import main; "
+        f"code = main(['--standalone', '--nproc-per-node', '2', '--log-dir', {str(tmp_path)!r}, "
+        "'--no-python', '/bin/true']); "
+        "print(code, 'elastic.gpu' in sys.modules, 'pynvml' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=False
+    )
+    assert out.stdout.split() == ["0", "False", "False"], out.stderr

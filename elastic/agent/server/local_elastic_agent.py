@@ -91,6 +91,19 @@ DEFAULT_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
 
 
+_said_no_driver = False
+
+
+def _say_no_driver_once() -> None:
+    global _said_no_driver
+    if not _said_no_driver:
+        _said_no_driver = True
+        logger.info(
+            "NVML not available: CPU only (no %s); GPU health checks are off",
+            NVIDIA_CONTROL_DEVICE,
+        )
+
+
 class SignalException(ElasticError):
     """The agent received a termination signal (torch's name; ``sigval`` is the signal).
 
@@ -469,18 +482,13 @@ class LocalElasticAgent(SimpleElasticAgent):
         """Refuse to start on unhealthy GPUs; None (go) without NVML or without GPUs."""
         if self._nvml_absent:
             return None  # NVML does not appear while the agent runs
-        from elastic.gpu import say_once
-
         if not os.path.exists(NVIDIA_CONTROL_DEVICE):
-            # no NVIDIA driver on this host: skip importing pynvml (~25 ms of every launch)
+            # no NVIDIA driver on this host: skip importing pynvml (~25 ms of every launch),
+            # and elastic.gpu too (≈1 ms before the first spawn)
             self._nvml_absent = True
-            say_once(
-                f"NVML not available: CPU only (no {NVIDIA_CONTROL_DEVICE}); "
-                "GPU health checks are off",
-                logger.info,
-            )
+            _say_no_driver_once()
             return None
-        from elastic.gpu import check_node_health
+        from elastic.gpu import check_node_health, say_once
 
         report = check_node_health()
         if not report.nvml_available:
