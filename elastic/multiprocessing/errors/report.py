@@ -45,6 +45,7 @@ __all__ = [
     "signal_name",
 ]
 
+
 def signal_name(signum: int) -> str:
     """``SIGKILL`` for 9; ``signal 77`` for numbers with no name here."""
     try:
