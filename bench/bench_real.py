@@ -271,32 +271,56 @@ def _start_path() -> str:
     return "C (elastic.real._spawn: vfork → PR_SET_PDEATHSIG → exec)"
 
 
+SECTIONS = ("crash", "launch", "idle", "sigterm")
+
+
+def _spread(xs: list[float], scale: float = 1.0, fmt: str = ".3f") -> str:
+    return f"{min(xs) * scale:{fmt}} to {max(xs) * scale:{fmt}}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--idle-seconds", type=float, default=10.0)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "real.md"))
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="where to write the table (default: bench/results/real.md; with --only, "
+        "nowhere: a partial table does not replace the full one)",
+    )
+    ap.add_argument(
+        "--only",
+        action="append",
+        choices=SECTIONS,
+        help="run only these measurements (repeatable)",
+    )
     a = ap.parse_args()
+    only = set(a.only or SECTIONS)
+    if a.out is None and not a.only:
+        a.out = str(ROOT / "bench" / "results" / "real.md")
     compileall.compile_dir(str(ROOT / "elastic"), quiet=1)
     rows: list[tuple[str, float, float, str, str]] = []
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         med = statistics.median
 
-        print("crash -> restarted worker", file=sys.stderr)
-        r = ab(a.runs, lambda s: crash_restart(s, d))
-        fl = med(floor(d) for _ in range(a.runs))
-        e, t = med(r["elastic"]) * 1000, med(r["torchrun"]) * 1000
-        rows.append(
-            (
-                "crash → restarted worker running (ms)",
-                e,
-                t,
-                "≤ 1/4",
-                f"floor {fl * 1000:.0f} ms; target floor + 20 ms",
+        if "crash" in only:
+            print("crash -> restarted worker", file=sys.stderr)
+            r = ab(a.runs, lambda s: crash_restart(s, d))
+            fl = med(floor(d) for _ in range(a.runs))
+            e, t = med(r["elastic"]) * 1000, med(r["torchrun"]) * 1000
+            rows.append(
+                (
+                    "crash → restarted worker running (ms)",
+                    e,
+                    t,
+                    "≤ 1/4",
+                    f"floor {fl * 1000:.0f} ms; target floor + 20 ms; runs: elastic "
+                    f"{_spread(r['elastic'], 1000, '.0f')}, torchrun "
+                    f"{_spread(r['torchrun'], 1000, '.0f')} ms",
+                )
             )
-        )
-        for n in (1, 2, 4):
+        for n in (1, 2, 4) if "launch" in only else ():
             print(f"launch -> exit, {n} workers", file=sys.stderr)
             r = ab(a.runs, lambda s, n=n: launch(s, d, n))
             alone = med(workers_alone(d, n) for _ in range(a.runs))
@@ -309,50 +333,55 @@ def main() -> int:
                     t,
                     "≤ 1/10",
                     f"{n} worker interpreter(s) alone: {alone:.3f} s; bare Python "
-                    f"launcher: {bare:.3f} s = {bare / t:.3f} of torchrun's",
+                    f"launcher: {bare:.3f} s = {bare / t:.3f} of torchrun's; runs: elastic "
+                    f"{_spread(r['elastic'])}, torchrun {_spread(r['torchrun'], fmt='.2f')} s",
                 )
             )
-        print("idle agent: RSS and CPU", file=sys.stderr)
-        idle_runs: dict[str, list[tuple[float, float]]] = {s: [] for s in SYSTEMS}
-        for i in range(max(1, a.runs // 2)):
-            for s in SYSTEMS:
-                idle_runs[s].append(idle(s, d, a.idle_seconds))
-                print(f"  {s} run {i + 1}: {idle_runs[s][-1]}", file=sys.stderr, flush=True)
-        rows.append(
-            (
-                "agent RSS while workers sleep (MiB)",
-                med(x[0] for x in idle_runs["elastic"]),
-                med(x[0] for x in idle_runs["torchrun"]),
-                "≤ 1/3",
-                "elastic: agent + reaper sidecar",
+        if "idle" in only:
+            print("idle agent: RSS and CPU", file=sys.stderr)
+            idle_runs: dict[str, list[tuple[float, float]]] = {s: [] for s in SYSTEMS}
+            for i in range(max(1, a.runs // 2)):
+                for s in SYSTEMS:
+                    idle_runs[s].append(idle(s, d, a.idle_seconds))
+                    print(f"  {s} run {i + 1}: {idle_runs[s][-1]}", file=sys.stderr, flush=True)
+            rows.append(
+                (
+                    "agent RSS while workers sleep (MiB)",
+                    med(x[0] for x in idle_runs["elastic"]),
+                    med(x[0] for x in idle_runs["torchrun"]),
+                    "≤ 1/3",
+                    "elastic: agent + reaper sidecar",
+                )
             )
-        )
-        rows.append(
-            (
-                f"agent CPU over {a.idle_seconds:g} s idle (ms)",
-                med(x[1] for x in idle_runs["elastic"]) * 1000,
-                med(x[1] for x in idle_runs["torchrun"]) * 1000,
-                "≤ 1/5",
-                "",
+            rows.append(
+                (
+                    f"agent CPU over {a.idle_seconds:g} s idle (ms)",
+                    med(x[1] for x in idle_runs["elastic"]) * 1000,
+                    med(x[1] for x in idle_runs["torchrun"]) * 1000,
+                    "≤ 1/5",
+                    "",
+                )
             )
-        )
-        print("SIGTERM -> all gone", file=sys.stderr)
-        r = ab(a.runs, lambda s: sigterm(s, d))
-        rows.append(
-            (
-                "SIGTERM → all gone, workers ignore SIGTERM, --shutdown-timeout 2 (s)",
-                med(r["elastic"]),
-                med(r["torchrun"]),
-                "≤ 2.2 s",
-                "",
+        if "sigterm" in only:
+            print("SIGTERM -> all gone", file=sys.stderr)
+            r = ab(a.runs, lambda s: sigterm(s, d))
+            rows.append(
+                (
+                    "SIGTERM → all gone, workers ignore SIGTERM, --shutdown-timeout 2 (s)",
+                    med(r["elastic"]),
+                    med(r["torchrun"]),
+                    "≤ 2.2 s",
+                    "",
+                )
             )
-        )
 
     cpu = platform.processor() or platform.machine()
     lines = [
         "# Real-mode benchmarks: `elastic run` vs torchrun (torch 2.13.0 CPU)",
         "",
-        f"Command: `python bench/bench_real.py --runs {a.runs} --idle-seconds {a.idle_seconds:g}`",
+        f"Command: `python bench/bench_real.py --runs {a.runs} --idle-seconds {a.idle_seconds:g}"
+        + "".join(f" --only {x}" for x in a.only or ())
+        + "`",
         f"Machine: {os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, "
         f"{platform.system()} {platform.release()}; load average at the end "
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}.",
@@ -367,8 +396,9 @@ def main() -> int:
         lines.append(f"| {name} | {e:.3g} | {t:.3g} | {ratio:.3f} | {target} | {note} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(text)
+    if a.out is not None:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text)
     return 0
 
 
