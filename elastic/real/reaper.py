@@ -309,4 +309,7 @@ class ReaperSidecar:
 
 
 if __name__ == "__main__":
-    sys.exit(_sidecar(int(sys.argv[1])))
+    _code = _sidecar(int(sys.argv[1]))
+    sys.stderr.flush()
+    # no interpreter teardown: the agent may be waiting for this exit (≈1-2 ms)
+    os._exit(_code)

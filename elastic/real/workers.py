@@ -283,9 +283,11 @@ class ProcessGroup:
         return ExitCause.SIGNALED
 
     def _adopt_after_exit(self) -> None:
-        if self._stopping:
-            # the agent reacted to the exit by stopping the group (a restart): the stop
-            # scans /proc and adopts at its end itself; one scan fewer before the restart
+        if self._stopping or not self.running():
+            # the agent reacted to the exit by stopping the group (a restart), or every
+            # worker has exited, and the agent stops a group that ended (at a restart or
+            # at the job's end, after the exit barrier): the stop scans /proc and adopts
+            # at its end itself — one scan fewer before a restart or the exit
             self._adopt_scheduled = False
             return
         self._adopt_orphans()
