@@ -28,9 +28,9 @@ if sys.argv[4] == "clean":
 """
 
 
-def _run_agent(marker: Marker, how: str) -> int:
+def _run_agent(script: str, marker: Marker, how: str) -> int:
     out = subprocess.run(
-        [PY, "-c", textwrap.dedent(AGENT), *marker.argv(), how],
+        [PY, "-c", textwrap.dedent(script), *marker.argv(), how],
         capture_output=True,
         text=True,
         check=True,
@@ -51,29 +51,6 @@ def _wait_gone(pid: int, timeout: float) -> bool:
     return False
 
 
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("how", ["clean", "died"])
-def test_sidecar_kills_marked_processes_only_when_the_agent_did_not_say_quit(how: str) -> None:
-    # the agent's marker is a prefix of its workers' error file paths
-    run_dir = f"/tmp/no-such-dir/{uuid.uuid4().hex}/"
-    marker = Marker("TORCHELASTIC_ERROR_FILE", run_dir, prefix=True)
-    victim = subprocess.Popen(
-        ["sleep", "30"],
-        env={**os.environ, "TORCHELASTIC_ERROR_FILE": run_dir + "attempt_0/0/error.json"},
-    )
-    try:
-        sidecar = _run_agent(marker, how)
-        assert _wait_gone(sidecar, 10.0), "the sidecar did not exit"
-        if how == "clean":
-            time.sleep(0.1)
-            assert victim.poll() is None, "a clean exit was taken for the agent's death"
-        else:
-            assert victim.wait(10) == -9  # the agent died without a word: kill
-    finally:
-        victim.kill()
-        victim.wait()
-
-
 # an agent that starts its sidecar first, sends the marker later (as ``elastic run``
 # does: the sidecar starts before the agent's modules are imported), then exits without
 # a word ("died"), says "q" ("clean"), or dies before it sent any marker ("early")
@@ -91,8 +68,21 @@ if sys.argv[4] == "clean":
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("how", ["clean", "died", "early"])
-def test_a_sidecar_started_first_learns_the_marker_over_its_pipe(how: str) -> None:
+@pytest.mark.parametrize(
+    ("script", "how"),
+    [
+        (AGENT, "clean"),
+        (AGENT, "died"),
+        (LATE, "clean"),
+        (LATE, "died"),
+        (LATE, "early"),
+    ],
+    ids=["marker-at-start-clean", "marker-at-start-died", "late-clean", "late-died", "early"],
+)
+def test_sidecar_kills_marked_processes_only_when_the_agent_did_not_say_quit(
+    script: str, how: str
+) -> None:
+    # the agent's marker is a prefix of its workers' error file paths
     run_dir = f"/tmp/no-such-dir/{uuid.uuid4().hex}/"
     marker = Marker("TORCHELASTIC_ERROR_FILE", run_dir, prefix=True)
     victim = subprocess.Popen(
@@ -100,17 +90,10 @@ def test_a_sidecar_started_first_learns_the_marker_over_its_pipe(how: str) -> No
         env={**os.environ, "TORCHELASTIC_ERROR_FILE": run_dir + "attempt_0/0/error.json"},
     )
     try:
-        out = subprocess.run(
-            [PY, "-c", textwrap.dedent(LATE), *marker.argv(), how],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        )
-        sidecar = int(out.stdout.strip())
+        sidecar = _run_agent(script, marker, how)
         assert _wait_gone(sidecar, 10.0), "the sidecar did not exit"
         if how == "died":
-            assert victim.wait(10) == -9  # the marker it was sent is what it kills
+            assert victim.wait(10) == -9  # the agent died without a word: kill
         else:
             time.sleep(0.1)
             assert victim.poll() is None, f"{how}: killed with no marker or after a clean exit"
