@@ -104,6 +104,7 @@ _RUNNER = os.path.abspath(_fn_runner.__file__)
 _PR_SET_PDEATHSIG = 1
 _READ_CHUNK = 64 * 1024
 _KILL_ROUNDS = 20
+_ADOPT_AFTER = 0.05  # seconds: see ProcessGroup._on_exit
 _SIGTERM = int(signal.SIGTERM)  # the method ProcessGroup.signal shadows the module
 
 
@@ -262,10 +263,12 @@ class ProcessGroup:
         if self._stopping:
             self._stop_exits.append(ex)
         if not self._stopping and not self._adopt_scheduled:
-            # once per loop iteration however many workers exited in it (stop() adopts
-            # at its end itself)
+            # one scan for the exits of the next _ADOPT_AFTER seconds, not one per exit:
+            # workers tend to end together (a job's end, a crash that takes its peers
+            # down), and a group that ends or is stopped by then is adopted from by its
+            # stop.  An orphan that exits meanwhile is a zombie that long, no more.
             self._adopt_scheduled = True
-            self._loop.call_soon(self._adopt_after_exit)
+            self._loop.call_later(_ADOPT_AFTER, self._adopt_after_exit)
         if not self.running() and not self._stopping:
             self._finish()
 
