@@ -5,9 +5,10 @@ Theory of operation
 No orphans, ever (a worker that outlives its agent pins a GPU until someone notices).
 Three mechanisms, each covering what the one before cannot:
 
-1. **The worker itself** — every worker is started through an exec shim
-   (:mod:`elastic.real._exec_shim`) that sets ``PR_SET_PDEATHSIG=SIGKILL`` before it
-   becomes the worker: the kernel kills it the moment the agent's event-loop thread dies.
+1. **The worker itself** — every worker starts with ``PR_SET_PDEATHSIG=SIGKILL`` set
+   before it runs (between ``vfork`` and ``exec`` in :mod:`elastic.real._spawn`, or by
+   the exec shim :mod:`elastic.real._exec_shim` where that was not built): the kernel
+   kills it the moment the agent's event-loop thread dies.
 2. **Its descendants** — a death signal is not inherited.  Every worker and everything it
    starts carries the agent's marker in its environment (torch's
    ``TORCHELASTIC_ERROR_FILE``, a path under the agent's unique run log directory; see
