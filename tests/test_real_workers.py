@@ -650,3 +650,45 @@ def test_a_workers_last_output_is_logged_before_its_exit_is_reported(
 
     seen = asyncio.run(main())
     assert seen == 3000 * (len("[default0]:") + 100)
+
+
+PROBE_TREE = """
+import json, os, subprocess, sys, time
+from elastic.real import proctree
+m = proctree.Marker("ELASTIC_TEST_AGE", sys.argv[1])
+mine = subprocess.Popen(["sleep", "30"], env={**os.environ, "ELASTIC_TEST_AGE": sys.argv[1]},
+                        start_new_session=True)
+time.sleep(0.05)
+found = proctree.tree_handles([], m)
+print(json.dumps({"mine": mine.pid, "found": sorted(found),
+                  "by_env": sorted(proctree.pids_with_env(m))}))
+for h in found.values():
+    h.close()
+mine.kill()
+mine.wait()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_scan_reads_the_environment_only_of_processes_younger_than_the_agent() -> None:
+    # a marked process older than the scanning agent cannot be one of its workers'
+    # descendants: the scan skips its environment; one the agent started is found
+    import uuid
+
+    value = uuid.uuid4().hex
+    old = subprocess.Popen(["sleep", "30"], env={**os.environ, "ELASTIC_TEST_AGE": value})
+    try:
+        time.sleep(0.1)  # start times have a 10 ms grain
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE_TREE, value],
+            capture_output=True,
+            text=True,
+            timeout=50,
+            check=True,
+        )
+        info = json.loads(out.stdout)
+        assert info["found"] == [info["mine"]]
+        assert sorted(info["by_env"]) == sorted([info["mine"], old.pid])  # no age filter
+    finally:
+        old.kill()
+        old.wait()
