@@ -45,7 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from elastic.real.reaper import ReaperSidecar
 
     reaper = ReaperSidecar()
-    reaper.start()
+    try:
+        reaper.start()
+    except OSError as e:  # no process can be started here: neither could the workers
+        print(f"{_PROG}: error: cannot start the reaper sidecar: {e}", file=sys.stderr)
+        return 1
     try:
         return _main(argv, reaper)
     finally:

@@ -370,3 +370,25 @@ def test_module_flag_runs_python_dash_m(tmp_path: Path, tag: str) -> None:
     p = elastic_run(["--nproc-per-node", "1", "-m", "mymod"], tag, PYTHONPATH=str(tmp_path))
     assert p.returncode == 0, p.stderr
     assert "module 0" in p.stdout
+
+
+def test_no_sidecar_means_one_line_and_no_launch(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # elastic run starts its reaper sidecar first; where no process can be started, it
+    # says so in one line instead of launching workers it could not protect
+    import errno
+
+    from elastic.run import main
+
+    def refuse(*a: object, **k: object) -> int:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "posix_spawn", refuse)
+    code = main(["--standalone", "--nproc-per-node", "1", "--no-python", "/bin/true"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.splitlines() == [
+        "elastic run: error: cannot start the reaper sidecar: "
+        "[Errno 11] Resource temporarily unavailable"
+    ]
