@@ -322,3 +322,38 @@ def test_a_launch_with_a_number_of_workers_and_no_driver_imports_no_gpu_module(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=False
     )
     assert out.stdout.split() == ["0", "False", "False"], out.stderr
+
+
+FAIL_FAST_PEER_STUBBORN = """
+    import os, signal, sys, time
+    out, rank = os.environ["OUT_DIR"], os.environ["RANK"]
+    if rank == "1":
+        open(os.path.join(out, "failed_at"), "w").write(repr(time.time()))
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop waits the whole grace
+    time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_report_gives_the_time_of_the_failure_not_of_the_end_of_the_stop(
+    tmp_path: Path, tag: str
+) -> None:
+    # the failure record is made for the result returned, after the group was stopped;
+    # a worker that wrote no error file is still reported at the time it exited
+    from datetime import datetime
+
+    out = tmp_path / "out"
+    out.mkdir()
+    train = script(tmp_path, FAIL_FAST_PEER_STUBBORN)
+    p = elastic_run(
+        ["--nproc-per-node", "2", "--max-restarts", "0", "--shutdown-timeout", "3", train],
+        tag,
+        OUT_DIR=str(out),
+    )
+    assert p.returncode == 1, p.stderr
+    failed_at = float((out / "failed_at").read_text())
+    times = [ln.split(":", 1)[1].strip() for ln in p.stderr.splitlines() if "time      :" in ln]
+    assert times, p.stderr
+    reported = datetime.strptime(times[-1], "%Y-%m-%d_%H:%M:%S").timestamp()
+    assert abs(reported - failed_at) <= 1.0, (times, failed_at)

@@ -396,7 +396,7 @@ class SimpleElasticAgent(ElasticAgent):
                     continue
                 await self._stop_group("restarts_exhausted")
                 wg.state = WorkerState.FAILED
-                return run_result
+                return self._with_failure_records(run_result)
             if outcome is _Outcome.HEALTH:
                 reason = str(value)
                 wg.state = WorkerState.UNHEALTHY
@@ -456,9 +456,9 @@ class SimpleElasticAgent(ElasticAgent):
                     worker_pid=ex.pid,
                     attempt=self._attempt,
                 )
-                return RunResult(
-                    state=WorkerState.FAILED, failures={w.global_rank: self._failure(ex)}
-                )
+                # the exit itself: a restart discards it, and only the result returned
+                # gets the failure record (see _with_failure_records)
+                return RunResult(state=WorkerState.FAILED, failures={w.global_rank: ex})
             if len(exits) == len(wg.workers):
                 return RunResult(
                     state=WorkerState.SUCCEEDED,
@@ -470,6 +470,19 @@ class SimpleElasticAgent(ElasticAgent):
     def _failure(self, ex: WorkerExit) -> Any:
         """The failure record kept in ``RunResult.failures`` (a ProcessFailure in real mode)."""
         return ex
+
+    def _with_failure_records(self, result: RunResult) -> RunResult:
+        """``result`` with each failed worker's exit turned into its failure record.
+
+        Done only for the result the agent returns: a restart has no use for the record,
+        and making it (in real mode: reading the worker's error file, importing the report
+        machinery) would sit between the failure and the restart.
+        """
+        result.failures = {
+            r: self._failure(f) if isinstance(f, WorkerExit) else f
+            for r, f in result.failures.items()
+        }
+        return result
 
     def _emit_worker_finals(self, result: RunResult) -> None:
         if result.state == WorkerState.SUCCEEDED:

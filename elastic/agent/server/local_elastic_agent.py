@@ -48,9 +48,9 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -435,21 +435,20 @@ class LocalElasticAgent(SimpleElasticAgent):
         if self._progress_monitor is not None:
             self._progress_monitor.reset(range(wg.spec.local_world_size))
         await super()._start_workers(wg)
-        if "elastic.multiprocessing.errors.report" not in sys.modules:
-            # the failure report's modules (error files, datetime, …), imported now while
-            # the workers start up, not on the restart's critical path when one fails;
-            # nor before the first spawn, where every millisecond delays the launch
-            import elastic.multiprocessing.errors.report  # noqa: F401
         if self._group is not None:
             self._groups = [g for g in self._groups if g.running()] + [self._group]
             if self._timer_server is not None:
                 self._timer_server.set_worker_pids(self._group.pids().values())
 
     def _failure(self, ex: WorkerExit) -> Any:
-        # imported on the first failure: the error-file machinery is not needed before
+        # only for the result the agent returns (a restart needs no record): the report's
+        # modules are imported then, off the launch's and the restarts' paths
         from elastic.multiprocessing.errors.report import failure_from_exit
 
-        return failure_from_exit(ex)
+        # the exit's wall time, for a worker that wrote no error file (the record may be
+        # made after the group was stopped, up to the shutdown timeout later)
+        when = time.time() - (time.monotonic() - ex.time)
+        return failure_from_exit(ex, fallback_timestamp=when)
 
     def _torch_env(self, wg: WorkerGroup, worker: Worker, env: dict[str, str]) -> None:
         spec = wg.spec
