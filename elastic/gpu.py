@@ -32,12 +32,13 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
+
+from elastic.once import say_once  # re-exported: its home before elastic.once
 
 __all__ = [
     "NVML_UNAVAILABLE",
@@ -332,20 +333,3 @@ def check_node_health(
     unknown = sorted({u.split(":")[0] for g in gpus for u in g.unknown})
     note = f" (not checked, unsupported: {', '.join(unknown)})" if unknown else ""
     return NodeGpuReport(True, gpus, expected_devices, True, f"{len(gpus)} GPU(s) healthy{note}")
-
-
-_said: set[str] = set()
-_said_lock = threading.Lock()
-
-
-def say_once(message: str, log: Callable[[str], object] | None = None) -> bool:
-    """Log ``message`` the first time this process is asked to; True if it was logged.
-
-    For messages that do not change between restarts, e.g. :data:`NVML_UNAVAILABLE`.
-    """
-    with _said_lock:
-        if message in _said:
-            return False
-        _said.add(message)
-    (log or logger.info)(message)
-    return True

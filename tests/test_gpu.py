@@ -256,7 +256,7 @@ def test_health_check_only_looks_at_visible_gpus(
 def test_say_once_logs_a_message_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(gpu, "_said", set())
+    monkeypatch.setattr("elastic.once._said", set())
     seen: list[str] = []
     assert gpu.say_once(NVML_UNAVAILABLE, seen.append)
     assert not gpu.say_once(NVML_UNAVAILABLE, seen.append)

@@ -266,7 +266,7 @@ def test_without_nvml_the_cpu_path_runs_and_says_so_once(
         return NodeGpuReport(False, (), None, True, "NVML not available: CPU only (test)")
 
     monkeypatch.setattr("elastic.gpu.check_node_health", absent)
-    monkeypatch.setattr("elastic.gpu._said", set())
+    monkeypatch.setattr("elastic.once._said", set())
     caplog.set_level("INFO", logger="elastic.agent.server.local_elastic_agent")
     agent = _agent(tmp_path, ListSink())
     agent._worker_group.spec.max_restarts = 1

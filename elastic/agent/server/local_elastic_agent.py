@@ -66,6 +66,7 @@ from elastic.errors import ConfigError, ElasticError
 from elastic.events import EventSink
 from elastic.ids import uuid4_str
 from elastic.multiprocessing.api import LogsSpecs
+from elastic.once import say_once
 from elastic.workers import RunningGroup, WorkerExit
 
 if TYPE_CHECKING:
@@ -89,19 +90,6 @@ TORCHELASTIC_HEALTH_CHECK_PORT = "TORCHELASTIC_HEALTH_CHECK_PORT"
 DEFAULT_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 #: The NVIDIA driver's control device: without it NVML cannot start.
 NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
-
-
-_said_no_driver = False
-
-
-def _say_no_driver_once() -> None:
-    global _said_no_driver
-    if not _said_no_driver:
-        _said_no_driver = True
-        logger.info(
-            "NVML not available: CPU only (no %s); GPU health checks are off",
-            NVIDIA_CONTROL_DEVICE,
-        )
 
 
 class SignalException(ElasticError):
@@ -485,9 +473,13 @@ class LocalElasticAgent(SimpleElasticAgent):
             # no NVIDIA driver on this host: skip importing pynvml (~25 ms of every launch),
             # and elastic.gpu too (≈1 ms before the first spawn)
             self._nvml_absent = True
-            _say_no_driver_once()
+            say_once(
+                f"NVML not available: CPU only (no {NVIDIA_CONTROL_DEVICE}); "
+                "GPU health checks are off",
+                logger.info,
+            )
             return None
-        from elastic.gpu import check_node_health, say_once
+        from elastic.gpu import check_node_health
 
         report = check_node_health()
         if not report.nvml_available:
