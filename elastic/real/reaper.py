@@ -283,8 +283,10 @@ class ReaperSidecar:
     def close(self, timeout: float = 5.0) -> None:
         """:meth:`request_exit`, then reap the sidecar (SIGKILL after ``timeout``).
 
-        Blocking; for a caller with no event loop running (``elastic run`` after its
-        agent returned).  Does nothing once the sidecar was reaped.
+        Blocking: a caller on an event loop waits for the exit there first and then
+        calls this with ``timeout=0`` (:meth:`ProcessWorkers.aclose
+        <elastic.real.workers.ProcessWorkers.aclose>`).  Does nothing once the sidecar
+        was reaped.
         """
         pid = self.pid
         if pid is None:

@@ -105,6 +105,7 @@ _PR_SET_PDEATHSIG = 1
 _READ_CHUNK = 64 * 1024
 _KILL_ROUNDS = 20
 _ADOPT_AFTER = 0.05  # seconds: see ProcessGroup._on_exit
+_SIDECAR_GRACE = 5.0  # seconds for the sidecar to leave once told to
 _SIGTERM = int(signal.SIGTERM)  # the method ProcessGroup.signal shadows the module
 
 
@@ -593,9 +594,14 @@ class ProcessWorkers:
         sidecar = self._sidecar
         if sidecar is None or sidecar.pid is None:
             return
-        fd = os.pidfd_open(sidecar.pid)
+        sidecar.request_exit()
+        # wait for its exit on the loop (other coroutines may share it), then let the
+        # sidecar's own close() reap it — SIGKILL first if it is still there
         try:
-            sidecar.request_exit()
+            fd = os.pidfd_open(sidecar.pid)
+        except OSError:
+            fd = -1  # reaped already
+        if fd >= 0:
             loop = asyncio.get_running_loop()
             gone: asyncio.Future[None] = loop.create_future()
 
@@ -605,17 +611,13 @@ class ProcessWorkers:
 
             loop.add_reader(fd, _gone)
             try:
-                await asyncio.wait_for(gone, 5.0)
+                await asyncio.wait_for(gone, _SIDECAR_GRACE)
             except TimeoutError:
-                os.kill(sidecar.pid, signal.SIGKILL)
-                await gone
+                pass
             finally:
                 loop.remove_reader(fd)
-            with contextlib.suppress(ChildProcessError):
-                os.waitid(os.P_PIDFD, fd, os.WEXITED)
-        finally:
-            os.close(fd)
-            sidecar.pid = None
+                os.close(fd)
+        sidecar.close(timeout=0.0)
 
     async def start(self, launches: Sequence[WorkerLaunch]) -> ProcessGroup:
         """Start one worker per launch (local ranks must be 0..n-1); return the group.
