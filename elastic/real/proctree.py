@@ -208,7 +208,7 @@ class ProcHandle:
             self.fd = -1
 
 
-def proc_stat(pid: int | str) -> tuple[int, str, int] | None:
+def proc_stat(pid: int) -> tuple[int, str, int] | None:
     """(ppid, state, start time in clock ticks) from ``/proc/<pid>/stat``, or None if gone."""
     raw = _read_proc(f"/proc/{pid}/stat")
     if not raw:
