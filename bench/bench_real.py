@@ -9,7 +9,7 @@ medians and the ratio elastic/torchrun:
 1. crash → restarted worker running (1 node, 2 workers, ``--standalone``): from the
    moment rank 1 exits 1 (it writes ``time.time()`` just before) to the first line of
    the restarted rank 1.  The floor is the same interpreter starting the same script
-   (``Popen`` → first line).
+   (``Popen`` → first line), measured in the same interleaved rounds.
 2. launch → exit of a no-op job with 1, 2 and 4 workers (wall time of the command);
    the note gives the same number of worker interpreters started together by ``Popen``
    alone, which any launcher pays on this machine, and a bare Python launcher (an
@@ -253,13 +253,21 @@ def sigterm(system: str, d: Path, grace: int = 2) -> float:
     return took
 
 
-def ab(runs: int, fn: Callable[[str], float]) -> dict[str, list[float]]:
-    """Interleaved runs: elastic, torchrun, elastic, torchrun, …"""
-    res: dict[str, list[float]] = {s: [] for s in SYSTEMS}
+def ab(
+    runs: int, fn: Callable[[str], float], beside: Callable[[], float] | None = None
+) -> dict[str, list[float]]:
+    """Interleaved runs: elastic, torchrun, elastic, torchrun, …
+
+    ``beside``: a reference measured in the same rounds (under ``"beside"``), so that a
+    comparison with it sees the same load as the systems did.
+    """
+    res: dict[str, list[float]] = {s: [] for s in [*SYSTEMS, "beside"]}
     for i in range(runs):
         for s in SYSTEMS:
             res[s].append(fn(s))
             print(f"  {s} run {i + 1}: {res[s][-1]:.4f}", file=sys.stderr, flush=True)
+        if beside is not None:
+            res["beside"].append(beside())
     return res
 
 
@@ -306,8 +314,10 @@ def main() -> int:
 
         if "crash" in only:
             print("crash -> restarted worker", file=sys.stderr)
-            r = ab(a.runs, lambda s: crash_restart(s, d))
-            fl = med(floor(d) for _ in range(a.runs))
+            # the floor in the same rounds: a noisy spell of this shared machine then
+            # raises both, not only the restarts
+            r = ab(a.runs, lambda s: crash_restart(s, d), beside=lambda: floor(d))
+            fl = med(r["beside"])
             e, t = med(r["elastic"]) * 1000, med(r["torchrun"]) * 1000
             rows.append(
                 (
