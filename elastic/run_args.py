@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from elastic._records import Frozen, set_fields
 from elastic.errors import ConfigError
 from elastic.ids import uuid4_str
 from elastic.rendezvous.utils import parse_rendezvous_config
@@ -62,7 +63,7 @@ NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
 START_METHODS = ("spawn", "fork", "forkserver")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass  # as torch's: mutable, no slots (and so cheaper to make at import)
 class LaunchConfig:
     """What to launch on this node: torch's ``LaunchConfig`` fields and defaults, plus ours.
 
@@ -120,7 +121,7 @@ class LaunchConfig:
             configs["timeout"] = self.rdzv_timeout
         elif "timeout" not in configs:
             configs["timeout"] = 900
-        object.__setattr__(self, "rdzv_configs", configs)
+        self.rdzv_configs = configs
         if self.shutdown_timeout is None:
             raw = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
             try:
@@ -134,17 +135,20 @@ class LaunchConfig:
             value, where = self.shutdown_timeout, "--shutdown-timeout"
         if value < 0:
             raise ConfigError(where, f"got {value}; expected whole seconds >= 0")
-        object.__setattr__(self, "shutdown_timeout", value)
+        self.shutdown_timeout = value
 
 
 # --- the parser ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _BadEnv:
+class _BadEnv(Frozen):
     """A ``PET_`` value that could not be used; raised only if the flag is not given."""
 
+    __slots__ = ("error",)
     error: ConfigError
+
+    def __init__(self, error: ConfigError) -> None:
+        set_fields(self, "error", error)
 
 
 def _env_default(

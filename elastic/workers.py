@@ -17,23 +17,43 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from elastic._records import Frozen, set_fields
 
 __all__ = ["ExitCause", "RunningGroup", "WorkerExit", "WorkerLaunch", "WorkersPort"]
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerLaunch:
-    """What to start for one local rank."""
+class WorkerLaunch(Frozen):
+    """What to start for one local rank (``round``: the rendezvous round whose world this
+    worker joins)."""
 
+    __slots__ = ("args", "attempt", "entrypoint", "env", "global_rank", "local_rank", "round")
     local_rank: int
     global_rank: int
     env: Mapping[str, str]
     entrypoint: str | Callable[..., Any]
-    args: Sequence[Any] = ()
-    attempt: int = 0
-    round: int = 0  # the rendezvous round whose world this worker joins
+    args: Sequence[Any]
+    attempt: int
+    round: int
+
+    def __init__(
+        self,
+        local_rank: int,
+        global_rank: int,
+        env: Mapping[str, str],
+        entrypoint: str | Callable[..., Any],
+        args: Sequence[Any] = (),
+        attempt: int = 0,
+        round: int = 0,
+    ) -> None:
+        set_fields(self, "local_rank", local_rank)
+        set_fields(self, "global_rank", global_rank)
+        set_fields(self, "env", env)
+        set_fields(self, "entrypoint", entrypoint)
+        set_fields(self, "args", args)
+        set_fields(self, "attempt", attempt)
+        set_fields(self, "round", round)
 
 
 class ExitCause(enum.Enum):
@@ -46,18 +66,47 @@ class ExitCause(enum.Enum):
     LOST = "lost"  # the node under it vanished (sim: node crash)
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerExit:
+class WorkerExit(Frozen):
     """One worker's end: exit code (negative = killed by signal -code), when, and why."""
 
+    __slots__ = (
+        "cause",
+        "error_file",
+        "exit_code",
+        "extra",
+        "local_rank",
+        "pid",
+        "return_value",
+        "time",
+    )
     local_rank: int
     exit_code: int
     time: float
-    cause: ExitCause = ExitCause.EXITED
-    pid: int | None = None
-    return_value: Any = None
-    error_file: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    cause: ExitCause
+    pid: int | None
+    return_value: Any
+    error_file: str | None
+    extra: Mapping[str, Any]
+
+    def __init__(
+        self,
+        local_rank: int,
+        exit_code: int,
+        time: float,
+        cause: ExitCause = ExitCause.EXITED,
+        pid: int | None = None,
+        return_value: Any = None,
+        error_file: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        set_fields(self, "local_rank", local_rank)
+        set_fields(self, "exit_code", exit_code)
+        set_fields(self, "time", time)
+        set_fields(self, "cause", cause)
+        set_fields(self, "pid", pid)
+        set_fields(self, "return_value", return_value)
+        set_fields(self, "error_file", error_file)
+        set_fields(self, "extra", {} if extra is None else extra)
 
     @property
     def failed(self) -> bool:

@@ -51,7 +51,8 @@ async def join_all(clock: Clock, hs: Sequence[DynamicRendezvousHandler]) -> list
 def agree(infos: Sequence[RendezvousInfo], ids: Sequence[str]) -> None:
     assert {i.world_size for i in infos} == {len(infos)}
     assert {i.round for i in infos} == {infos[0].round}
-    assert {i.bootstrap_store_info for i in infos} == {infos[0].bootstrap_store_info}
+    # RendezvousStoreInfo is a plain (mutable, unhashable) dataclass, as in torch
+    assert all(i.bootstrap_store_info == infos[0].bootstrap_store_info for i in infos)
     by_id = sorted(ids)
     assert [i.rank for i in infos] == [by_id.index(n) for n in ids]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from elastic._records import Frozen, set_fields
 from elastic.store import Store
 
 __all__ = ["AgentAssignment", "RoleInfo", "assign_ranks", "exchange_ranks"]
@@ -30,13 +30,18 @@ ROLE_INFO_PREFIX = "torchelastic/role_info/"
 ASSIGNED_PREFIX = "torchelastic/assigned_ranks/"
 
 
-@dataclass(frozen=True, slots=True)
-class RoleInfo:
+class RoleInfo(Frozen):
     """What one agent publishes: its role, group rank and local world size."""
 
+    __slots__ = ("local_world_size", "rank", "role")
     role: str
     rank: int
     local_world_size: int
+
+    def __init__(self, role: str, rank: int, local_world_size: int) -> None:
+        set_fields(self, "role", role)
+        set_fields(self, "rank", rank)
+        set_fields(self, "local_world_size", local_world_size)
 
     def serialize(self) -> bytes:
         return json.dumps(
@@ -49,14 +54,22 @@ class RoleInfo:
         return RoleInfo(str(d["role"]), int(d["rank"]), int(d["local_world_size"]))
 
 
-@dataclass(frozen=True, slots=True)
-class AgentAssignment:
+class AgentAssignment(Frozen):
     """One agent's block: first global rank, world size, first role rank, role world size."""
 
+    __slots__ = ("base_global_rank", "base_role_rank", "role_world_size", "world_size")
     base_global_rank: int
     world_size: int
     base_role_rank: int
     role_world_size: int
+
+    def __init__(
+        self, base_global_rank: int, world_size: int, base_role_rank: int, role_world_size: int
+    ) -> None:
+        set_fields(self, "base_global_rank", base_global_rank)
+        set_fields(self, "world_size", world_size)
+        set_fields(self, "base_role_rank", base_role_rank)
+        set_fields(self, "role_world_size", role_world_size)
 
     def global_ranks(self, local_world_size: int) -> range:
         return range(self.base_global_rank, self.base_global_rank + local_world_size)

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
+from elastic._records import Frozen, set_fields
 from elastic.events.api import Event, EventSource, NodeState, RdzvEvent, record
 
 __all__ = [
@@ -48,16 +48,32 @@ __all__ = [
 JSONScalar = str | int | float | bool | None
 
 
-@dataclass(frozen=True, slots=True)
-class AgentEvent:
+class AgentEvent(Frozen):
     """One line of the event log."""
 
+    __slots__ = ("fields", "kind", "node", "rank", "role", "t")
     t: float
     node: int | str
     kind: str
-    role: str = ""
-    rank: int | None = None
-    fields: Mapping[str, Any] = field(default_factory=dict)
+    role: str
+    rank: int | None
+    fields: Mapping[str, Any]
+
+    def __init__(
+        self,
+        t: float,
+        node: int | str,
+        kind: str,
+        role: str = "",
+        rank: int | None = None,
+        fields: Mapping[str, Any] | None = None,
+    ) -> None:
+        set_fields(self, "t", t)
+        set_fields(self, "node", node)
+        set_fields(self, "kind", kind)
+        set_fields(self, "role", role)
+        set_fields(self, "rank", rank)
+        set_fields(self, "fields", {} if fields is None else fields)
 
     def to_json(self) -> str:
         """One JSON line; keys sorted so the same run gives the same bytes."""

@@ -9,7 +9,8 @@ there is a failure to report.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+
+from elastic._records import Frozen, set_fields
 
 __all__ = ["OomCounters", "OomVerdict", "oom_verdict", "read_oom_counters"]
 
@@ -17,25 +18,36 @@ _SMALL_FILE_BYTES = 64 * 1024  # memory.events, oom_control, vmstat and cgroup a
 _SIGKILL = 9
 
 
-@dataclass(frozen=True, slots=True)
-class OomCounters:
+class OomCounters(Frozen):
     """Kernel OOM-kill counts at one moment; None where not readable.
 
     ``cgroup`` names the cgroup read (``v2:/path`` or ``v1:/path``), so that two
     readings of different cgroups are not compared.
     """
 
+    __slots__ = ("cgroup", "cgroup_oom_kills", "system_oom_kills")
     cgroup: str | None
     cgroup_oom_kills: int | None
     system_oom_kills: int | None
 
+    def __init__(
+        self, cgroup: str | None, cgroup_oom_kills: int | None, system_oom_kills: int | None
+    ) -> None:
+        set_fields(self, "cgroup", cgroup)
+        set_fields(self, "cgroup_oom_kills", cgroup_oom_kills)
+        set_fields(self, "system_oom_kills", system_oom_kills)
 
-@dataclass(frozen=True, slots=True)
-class OomVerdict:
+
+class OomVerdict(Frozen):
     """Was a worker OOM-killed?  ``oom`` is None when the kernel's view is unknown."""
 
+    __slots__ = ("oom", "reason")
     oom: bool | None
     reason: str
+
+    def __init__(self, oom: bool | None, reason: str) -> None:
+        set_fields(self, "oom", oom)
+        set_fields(self, "reason", reason)
 
 
 def _read_small(path: str) -> str | None:

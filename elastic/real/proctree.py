@@ -39,8 +39,8 @@ import logging
 import os
 import signal
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
 
+from elastic._records import Frozen, set_fields
 from elastic.real.reaper import AGENT_MARKER, ERROR_FILE, GROUP_MARKER, needle
 
 __all__ = [
@@ -59,13 +59,18 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Marker:
+class Marker(Frozen):
     """``name=value`` in a process's environment; with ``prefix``, a value starting so."""
 
+    __slots__ = ("name", "prefix", "value")
     name: str
     value: str
-    prefix: bool = False
+    prefix: bool
+
+    def __init__(self, name: str, value: str, prefix: bool = False) -> None:
+        set_fields(self, "name", name)
+        set_fields(self, "value", value)
+        set_fields(self, "prefix", prefix)
 
     @property
     def needle(self) -> bytes:

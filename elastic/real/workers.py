@@ -75,10 +75,10 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from string import Template
 from typing import IO, Any, Literal
 
+from elastic._records import Record
 from elastic.errors import ConfigError, ElasticError
 from elastic.ids import uuid4_hex
 from elastic.multiprocessing.api import DefaultLogsSpecs, LogsDest, LogsSpecs
@@ -146,10 +146,19 @@ class _Drain(enum.Enum):
     FINAL = "final"
 
 
-@dataclass(slots=True)
-class _Worker:
+class _Worker(Record):
     """Launcher-side state of one worker (mutable, private)."""
 
+    __slots__ = (
+        "done",
+        "error_file",
+        "handle",
+        "launch",
+        "pid",
+        "result_path",
+        "signals_sent",
+        "tee_fds",
+    )
     launch: WorkerLaunch
     pid: int
     handle: proctree.ProcHandle
@@ -158,6 +167,26 @@ class _Worker:
     done: asyncio.Future[WorkerExit]
     tee_fds: list[int]
     signals_sent: set[int]
+
+    def __init__(
+        self,
+        launch: WorkerLaunch,
+        pid: int,
+        handle: proctree.ProcHandle,
+        result_path: str | None,
+        error_file: str | None,
+        done: asyncio.Future[WorkerExit],
+        tee_fds: list[int],
+        signals_sent: set[int],
+    ) -> None:
+        self.launch = launch
+        self.pid = pid
+        self.handle = handle
+        self.result_path = result_path
+        self.error_file = error_file
+        self.done = done
+        self.tee_fds = tee_fds
+        self.signals_sent = signals_sent
 
 
 class ProcessGroup:

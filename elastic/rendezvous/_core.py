@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+
+from elastic._records import Frozen, Record, set_fields
 
 __all__ = [
     "Action",
@@ -59,20 +60,28 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class CoreSettings:
+class CoreSettings(Frozen):
     """The numbers the decisions depend on (seconds)."""
 
+    __slots__ = ("join_timeout", "last_call_timeout", "max_nodes", "min_nodes")
     min_nodes: int
     max_nodes: int
-    last_call_timeout: float = 30.0
-    join_timeout: float = 600.0
+    last_call_timeout: float
+    join_timeout: float
 
-    def __post_init__(self) -> None:
-        if self.min_nodes < 1 or self.max_nodes < self.min_nodes:
-            raise ValueError(
-                f"need 1 <= min_nodes <= max_nodes, got {self.min_nodes}..{self.max_nodes}"
-            )
+    def __init__(
+        self,
+        min_nodes: int,
+        max_nodes: int,
+        last_call_timeout: float = 30.0,
+        join_timeout: float = 600.0,
+    ) -> None:
+        if min_nodes < 1 or max_nodes < min_nodes:
+            raise ValueError(f"need 1 <= min_nodes <= max_nodes, got {min_nodes}..{max_nodes}")
+        set_fields(self, "min_nodes", min_nodes)
+        set_fields(self, "max_nodes", max_nodes)
+        set_fields(self, "last_call_timeout", last_call_timeout)
+        set_fields(self, "join_timeout", join_timeout)
 
 
 class Phase(enum.Enum):
@@ -112,15 +121,29 @@ class ActionKind(enum.Enum):
     GRACEFUL_EXIT = "graceful_exit"
 
 
-@dataclass(frozen=True, slots=True)
-class Action:
+class Action(Frozen):
     """A decision for the caller: what happened and to whom."""
 
+    __slots__ = ("at", "kind", "members", "node", "round")
     kind: ActionKind
-    node: str | None = None
-    round: int = 0
-    members: tuple[str, ...] = ()
-    at: float | None = None
+    node: str | None
+    round: int
+    members: tuple[str, ...]
+    at: float | None
+
+    def __init__(
+        self,
+        kind: ActionKind,
+        node: str | None = None,
+        round: int = 0,
+        members: tuple[str, ...] = (),
+        at: float | None = None,
+    ) -> None:
+        set_fields(self, "kind", kind)
+        set_fields(self, "node", node)
+        set_fields(self, "round", round)
+        set_fields(self, "members", members)
+        set_fields(self, "at", at)
 
 
 class IllegalTransition(RuntimeError):
@@ -185,8 +208,7 @@ def first_attempt_at(join_index: int, joined_at: float, settings: CoreSettings) 
 # -- the reference state machine ------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Rendezvous:
+class Rendezvous(Record):
     """The whole rendezvous as one state machine (the semantics the driver implements).
 
     Feed it events with :meth:`join`, :meth:`leave`, :meth:`tick` and :meth:`close`; each
@@ -194,16 +216,52 @@ class Rendezvous:
     time it joined (for ``join_timeout``).
     """
 
+    __slots__ = (
+        "closed_round_phase",
+        "deadline",
+        "joined",
+        "members",
+        "phase",
+        "previous",
+        "redundancy_list",
+        "round",
+        "settings",
+        "wait_list",
+    )
     settings: CoreSettings
-    round: int = 0
-    phase: Phase = Phase.OPEN
-    joined: dict[str, float] = field(default_factory=dict)
-    members: tuple[str, ...] = ()
-    previous: tuple[str, ...] = ()
-    wait_list: set[str] = field(default_factory=set)
-    redundancy_list: set[str] = field(default_factory=set)
-    deadline: float | None = None
-    closed_round_phase: Phase | None = None
+    round: int
+    phase: Phase
+    joined: dict[str, float]
+    members: tuple[str, ...]
+    previous: tuple[str, ...]
+    wait_list: set[str]
+    redundancy_list: set[str]
+    deadline: float | None
+    closed_round_phase: Phase | None
+
+    def __init__(
+        self,
+        settings: CoreSettings,
+        round: int = 0,
+        phase: Phase = Phase.OPEN,
+        joined: dict[str, float] | None = None,
+        members: tuple[str, ...] = (),
+        previous: tuple[str, ...] = (),
+        wait_list: set[str] | None = None,
+        redundancy_list: set[str] | None = None,
+        deadline: float | None = None,
+        closed_round_phase: Phase | None = None,
+    ) -> None:
+        self.settings = settings
+        self.round = round
+        self.phase = phase
+        self.joined = {} if joined is None else joined
+        self.members = members
+        self.previous = previous
+        self.wait_list = set() if wait_list is None else wait_list
+        self.redundancy_list = set() if redundancy_list is None else redundancy_list
+        self.deadline = deadline
+        self.closed_round_phase = closed_round_phase
 
     def status(self, node: str) -> NodeStatus:
         if node in self.joined:

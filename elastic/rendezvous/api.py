@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from elastic._records import Frozen, set_fields
 from elastic.clock import Clock
 from elastic.errors import ElasticError
 from elastic.store import Store
@@ -70,7 +71,7 @@ class RendezvousGracefulExitError(RendezvousError):
     """
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass  # torch's is a plain dataclass: mutable, no slots
 class RendezvousStoreInfo:
     """Where workers bootstrap their own process group (MASTER_ADDR / MASTER_PORT)."""
 
@@ -138,8 +139,7 @@ class RendezvousInfo:
         return self._bootstrap_store_info
 
 
-@dataclass(frozen=True, slots=True)
-class RendezvousContext:
+class RendezvousContext(Frozen):
     """The ports and identity a handler needs (torch reads them from globals; we pass them).
 
     ``node_id`` must be unique among the job's agents; ``node_addr`` is what rank 0
@@ -148,11 +148,26 @@ class RendezvousContext:
     key, else 29500, is used.
     """
 
+    __slots__ = ("clock", "node_addr", "node_id", "port_chooser", "store")
     store: Store
     clock: Clock
     node_addr: str
     node_id: str
-    port_chooser: Callable[[], int] | None = None
+    port_chooser: Callable[[], int] | None
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        node_addr: str,
+        node_id: str,
+        port_chooser: Callable[[], int] | None = None,
+    ) -> None:
+        set_fields(self, "store", store)
+        set_fields(self, "clock", clock)
+        set_fields(self, "node_addr", node_addr)
+        set_fields(self, "node_id", node_id)
+        set_fields(self, "port_chooser", port_chooser)
 
 
 class RendezvousHandler(ABC):

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
 
+from elastic._records import Frozen, set_fields
 from elastic.clock import Clock
 from elastic.errors import ConfigError
 from elastic.rendezvous._core import (
@@ -151,7 +152,7 @@ def _as_timedelta(value: timedelta | float) -> timedelta:
     return value if isinstance(value, timedelta) else timedelta(seconds=value)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(repr=False, eq=False, frozen=True)  # as torch's (and cheaper to make)
 class RendezvousSettings:
     """The settings of the rendezvous (torch's fields)."""
 
@@ -168,10 +169,16 @@ class RendezvousSettings:
         return self.keep_alive_interval.total_seconds() * self.keep_alive_max_attempt
 
 
-@dataclass(frozen=True, slots=True)
-class _State:
+class _State(Frozen):
+    """The round counter and the closed flag, as read from the store."""
+
+    __slots__ = ("closed", "round")
     round: int
     closed: bool
+
+    def __init__(self, round: int, closed: bool) -> None:
+        set_fields(self, "round", round)
+        set_fields(self, "closed", closed)
 
 
 def _dump(obj: dict[str, Any]) -> bytes:
