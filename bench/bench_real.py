@@ -157,13 +157,19 @@ def launch(system: str, d: Path, n: int) -> float:
 
 def workers_alone(d: Path, n: int) -> float:
     """Wall time of ``n`` no-op workers started together by plain ``Popen``: the part of
-    a launch that any launcher pays on this machine."""
+    a launch that any launcher pays on this machine.
+
+    Timed like :func:`launch`: output captured, so the end is seen at the pipes' EOF (a
+    ``wait`` with a timeout would poll with growing sleeps and add up to tens of ms)."""
     out = Path(tempfile.mkdtemp(dir=d))
     train = _write(out, "noop.py", "")
     t0 = time.monotonic()
-    procs = [subprocess.Popen([PY, "-u", train]) for _ in range(n)]
+    procs = [
+        subprocess.Popen([PY, "-u", train], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(n)
+    ]
     for p in procs:
-        p.wait(60)
+        p.communicate(timeout=60)
     return time.monotonic() - t0
 
 
@@ -180,7 +186,9 @@ def bare_launcher(d: Path, n: int) -> float:
     out = Path(tempfile.mkdtemp(dir=d))
     train = _write(out, "noop.py", "")
     t0 = time.monotonic()
-    subprocess.run([PY, "-c", BARE, str(n), train], env=_env(), check=True, timeout=120)
+    subprocess.run(
+        [PY, "-c", BARE, str(n), train], env=_env(), capture_output=True, check=True, timeout=120
+    )
     return time.monotonic() - t0
 
 
