@@ -42,6 +42,8 @@ from typing import Any, ClassVar, NoReturn
 
 __all__ = ["Frozen", "Record", "set_fields"]
 
+_CLASSVAR = ("ClassVar", "typing.ClassVar")  # how a class variable's annotation starts
+
 set_fields = object.__setattr__
 """What a :class:`Frozen` ``__init__`` assigns its fields with."""
 
@@ -67,7 +69,7 @@ class Record:
             if klass.__module__ == __name__ or not issubclass(klass, Record):
                 continue
             for name, kind in inspect.get_annotations(klass).items():
-                if name not in fields and not str(kind).startswith("ClassVar"):
+                if name not in fields and not str(kind).startswith(_CLASSVAR):
                     fields.append(name)
         if set(fields) != slots:
             raise TypeError(

@@ -8,6 +8,7 @@ import importlib
 import inspect
 import pickle
 import pkgutil
+import typing
 from typing import ClassVar
 
 import pytest
@@ -36,6 +37,7 @@ class Point3(Point):
     __slots__ = ("z",)
     z: int
     LABEL: ClassVar[str] = "p3"
+    KIND: typing.ClassVar[str] = "point"
 
     def __init__(self, x: int, y: int, z: int) -> None:
         super().__init__(x, y)
