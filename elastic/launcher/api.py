@@ -53,7 +53,7 @@ class elastic_launch:  # torch's name
         entrypoint: Callable[..., Any] | str | None,
         health_check_server: Any = None,
         *,
-        reaper: ReaperSidecar | None = None,
+        reaper: bool | ReaperSidecar = True,
     ) -> None:
         self._config = config
         self._entrypoint = entrypoint
@@ -128,12 +128,13 @@ def launch_agent(
     args: list[Any],
     health_check_server: Any = None,
     *,
-    reaper: ReaperSidecar | None = None,
+    reaper: bool | ReaperSidecar = True,
 ) -> dict[int, Any]:
     """Run one agent on this node until the job ends (see the module docstring).
 
-    ``reaper``: a reaper sidecar already started (``elastic run`` starts it first thing,
-    see :mod:`elastic.real.reaper`) for the agent's workers to use; else they start one.
+    ``reaper``: as for :class:`~elastic.agent.server.local_elastic_agent.LocalElasticAgent`
+    — True (the workers start a reaper sidecar, see :mod:`elastic.real.reaper`), False
+    (none), or a sidecar already started (``elastic run`` starts it first thing).
     """
     from elastic.real.clock import run_sync
 
@@ -151,7 +152,7 @@ async def launch_agent_async(
     args: list[Any],
     *,
     health_check_server: Any = None,
-    reaper: ReaperSidecar | None = None,
+    reaper: bool | ReaperSidecar = True,
 ) -> dict[int, Any]:
     """:func:`launch_agent` on the running event loop."""
     from elastic.agent.server.api import WorkerSpec, WorkerState
@@ -282,7 +283,7 @@ async def launch_agent_async(
             hang_timeout=config.hang_timeout,
             signals_to_handle=config.signals_to_handle,
             node=node_id,
-            reaper=True if reaper is None else reaper,
+            reaper=reaper,
         )
         from elastic.agent.server.local_elastic_agent import SignalException
 
