@@ -25,8 +25,7 @@ __all__ = ["ExitCause", "RunningGroup", "WorkerExit", "WorkerLaunch", "WorkersPo
 
 
 class WorkerLaunch(Frozen):
-    """What to start for one local rank (``round``: the rendezvous round whose world this
-    worker joins)."""
+    """What to start for one local rank."""
 
     __slots__ = ("args", "attempt", "entrypoint", "env", "global_rank", "local_rank", "round")
     local_rank: int
@@ -35,7 +34,7 @@ class WorkerLaunch(Frozen):
     entrypoint: str | Callable[..., Any]
     args: Sequence[Any]
     attempt: int
-    round: int
+    round: int  # the rendezvous round whose world this worker joins
 
     def __init__(
         self,

@@ -74,7 +74,9 @@ def test_slots_must_name_exactly_the_fields() -> None:
     ("args", "other"),
     [((1, 2), (1, 2)), ((1, 2), (1, 3)), ((1, [2]), (1, [2])), ((0,), (0,))],
 )
-def test_eq_hash_repr_as_a_frozen_dataclass(args: tuple, other: tuple) -> None:  # type: ignore[type-arg]
+def test_eq_hash_repr_as_a_frozen_dataclass(
+    args: tuple[object, ...], other: tuple[object, ...]
+) -> None:
     a, b = Point(*args), Point(*other)
     da, db = DPoint(*args), DPoint(*other)
     assert (a == b) is (da == db)
