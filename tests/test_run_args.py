@@ -56,7 +56,7 @@ ARGVS: list[list[str]] = [
     ["train.py"],
     ["--nproc-per-node=4", "train.py", "--lr", "0.1", "--nnodes", "7"],
     ["--nproc_per_node", "2", "--nnodes", "1:4", "--rdzv_backend", "c10d", "x.py"],
-    ["--rdzv-endpoint", "h:29400", "--rdzv-id", "job", "--rdzv-conf", "read_timeout=1,token=c=d", "x.py"],
+    ["--rdzv-endpoint", "h:29400", "--rdzv-id", "job", "--rdzv-conf", "read_timeout=1,token=c=d", "y"],
     ["--standalone", "--max_restarts", "3", "--monitor-interval", "0.5", "x.py"],
     ["--start-method", "fork", "--role", "trainer", "-m", "pkg.mod", "a", "-b"],
     ["--no-python", "--log-dir", "/tmp/l", "-r", "3", "-t", "0:1,1:2", "prog"],
