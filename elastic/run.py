@@ -104,10 +104,14 @@ def _main(argv: Sequence[str] | None, reaper: ReaperSidecar) -> int:
         # launcher only when there is a failure to report, so it is not named above
         from elastic.multiprocessing.errors import ChildFailedError
 
-        if not isinstance(e, ChildFailedError):
-            raise
-        _pass_root_cause_up(e)
+        if isinstance(e, ChildFailedError):
+            _pass_root_cause_up(e)
+        # the rest (the store or the rendezvous failed): one line, as torchrun's last
         print(f"{_PROG}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except (TimeoutError, ConnectionError) as e:
+        # a store that could not be reached within read_timeout
+        print(f"{_PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0
 

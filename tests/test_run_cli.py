@@ -250,18 +250,6 @@ def test_worker_sees_the_same_variable_names_as_under_torchrun(tmp_path: Path, t
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("nnodes", ["2", "1:4"])
-def test_more_than_one_node_is_refused_with_one_line(tmp_path: Path, tag: str, nnodes: str) -> None:
-    train = script(tmp_path, "print('never')")
-    p = elastic_run(["--nnodes", nnodes, "--nproc-per-node", "1", train], tag)
-    assert p.returncode == 2
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, p.stderr
-    assert "--nnodes" in lines[0] and "network store" in lines[0]
-    assert "never" not in p.stdout
-
-
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     "args, where",
     [

@@ -68,7 +68,7 @@ def check_rdzv_conf(backend: str, conf: Mapping[str, Any]) -> str | None:
         )
     store_type = conf.get("store_type")
     if store_type is not None and str(store_type).lower() != "tcp":
-        return f"store_type={store_type!r}: only 'tcp' (the agent-hosted network store) is available"
+        return f"store_type={store_type!r}: only 'tcp' (the agent-hosted store) is available"
     protocol = conf.get("protocol")
     if protocol is not None and str(protocol).lower() not in ("http", "https"):
         return f"protocol={protocol!r}: expected http or https"
