@@ -201,3 +201,53 @@ def test_several_nodes_on_an_any_port_endpoint_is_one_line_and_exit_2(
     assert p.returncode == 2
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "--rdzv-endpoint" in lines[0], p.stderr
+
+
+# -- etcd: no single point of failure ---------------------------------------------------
+
+
+def etcd_flags(endpoints: list[str], nnodes: str, conf: str = FAST) -> list[str]:
+    return [
+        "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "etcd-v2",
+        "--rdzv-endpoint", ",".join(endpoints), "--rdzv-id", "j", "--rdzv-conf", conf,
+        "--local-addr", "127.0.0.1", "--max-restarts", "3",
+    ]  # fmt: skip
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("binary", ["debian", "distro"])
+def test_on_etcd_two_agents_form_one_world(tmp_path: Path, tag: str, binary: str) -> None:
+    from tests.etcd_servers import EtcdCluster, etcd_binary
+
+    with EtcdCluster(etcd_binary(binary)) as cluster, Job(tmp_path, tag) as job:
+        for n in "ab":
+            job.start(n, etcd_flags(cluster.endpoints, "2"))
+        starts = job.wait_for(lambda s: len(s) == 2, what="2 workers")
+        assert sorted(int(e["RANK"]) for e in starts) == [0, 1]
+        job.stop_workers()
+        assert job.wait("a") == 0 and job.wait("b") == 0, job.collect()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_on_a_3_member_etcd_the_job_survives_losing_the_etcd_leader_and_an_agent(
+    tmp_path: Path, tag: str
+) -> None:
+    """Any one machine may go: here the etcd leader's and an agent's, one after the other."""
+    from tests.etcd_servers import EtcdCluster, etcd_binary
+
+    with EtcdCluster(etcd_binary("distro"), members=3) as cluster, Job(tmp_path, tag) as job:
+        for n in "abc":
+            job.start(n, etcd_flags(cluster.endpoints, "2:3"))
+        job.wait_for(lambda s: len(s) == 3 and {e["WORLD_SIZE"] for e in s} == {"3"},
+                     timeout=90, what="3 workers in a world of 3")  # fmt: skip
+        cluster.kill(cluster.leader())
+        job.signal("a", signal.SIGKILL)
+        starts = job.wait_for(
+            lambda s: len(worlds(s, "b")) >= 2 and len(worlds(s, "c")) >= 2,
+            timeout=90,
+            what="b and c re-formed without a and without etcd's old leader",
+        )
+        assert worlds(starts, "b")[-1] == worlds(starts, "c")[-1] == 2
+        job.stop_workers()
+        assert job.wait("b", 90) == 0 and job.wait("c", 90) == 0, job.collect()

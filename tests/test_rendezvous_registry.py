@@ -61,10 +61,13 @@ def test_unknown_backend_has_torchs_message() -> None:
         get_rendezvous_handler(params("nope"), ctx())
 
 
-def test_etcd_backends_refuse_with_one_clear_line() -> None:
+def test_etcd_backends_are_the_dynamic_rendezvous_on_the_given_store() -> None:
+    from elastic.rendezvous.dynamic import DynamicRendezvousHandler
+
     for backend in ("etcd", "etcd-v2"):
-        with pytest.raises(ConfigError, match=f"--rdzv-backend: '{backend}' is not available"):
-            get_rendezvous_handler(params(backend), ctx())
+        handler = get_rendezvous_handler(params(backend), ctx())
+        assert isinstance(handler, DynamicRendezvousHandler)
+        assert handler.get_backend() == backend
 
 
 def test_register_refuses_empty_names_and_a_second_creator() -> None:

@@ -3,8 +3,8 @@
 torch's creators take only :class:`RendezvousParameters` and reach the network
 themselves; ours are handed the ports in a :class:`RendezvousContext`, so the same
 handler runs in the simulator and for real.  Registered by default: ``c10d`` (the
-dynamic rendezvous), ``static`` (fixed world), and ``etcd``/``etcd-v2`` which refuse with
-a clear message until an etcd store adapter exists.
+dynamic rendezvous), ``static`` (fixed world), and ``etcd``/``etcd-v2`` (the dynamic
+rendezvous over an etcd v3 store).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from elastic.clock import Clock
-from elastic.errors import ConfigError
 from elastic.rendezvous.api import (
     RendezvousContext,
     RendezvousHandler,
@@ -122,11 +121,12 @@ def _create_static(params: RendezvousParameters, ctx: RendezvousContext) -> Rend
 
 
 def _create_etcd(params: RendezvousParameters, ctx: RendezvousContext) -> RendezvousHandler:
-    raise ConfigError(
-        "--rdzv-backend",
-        f"'{params.backend}' is not available yet; use 'c10d' (dynamic, --nnodes=MIN:MAX) or "
-        "'static' (fixed --nnodes with --node-rank)",
-    )
+    # torch's etcd-v2 is the dynamic rendezvous over etcd; its legacy "etcd" handler is a
+    # different protocol on etcd's v2 API, which current etcd no longer serves: both names
+    # run the dynamic rendezvous over the etcd v3 store the launcher opened (ctx.store)
+    from elastic.rendezvous.dynamic import create_handler
+
+    return create_handler(params, ctx)
 
 
 def _register_default_handlers() -> None:
