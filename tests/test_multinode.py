@@ -251,3 +251,49 @@ def test_on_a_3_member_etcd_the_job_survives_losing_the_etcd_leader_and_an_agent
         assert worlds(starts, "b")[-1] == worlds(starts, "c")[-1] == 2
         job.stop_workers()
         assert job.wait("b", 90) == 0 and job.wait("c", 90) == 0, job.collect()
+
+
+# -- hosts in network namespaces: a real partition ----------------------------------------
+
+
+@pytest.mark.timeout(150)
+def test_a_host_cut_off_the_network_loses_its_place_and_the_others_reform(
+    tmp_path: Path, tag: str
+) -> None:
+    from tests import netns
+
+    why = netns.available()
+    if why is not None:
+        pytest.skip(why)
+    with netns.Hosts(3) as hosts, Job(tmp_path, tag) as job:
+        endpoint = f"{hosts.addr(0)}:29400"
+
+        def flags(i: int) -> list[str]:
+            return [
+                "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", endpoint, "--rdzv-id", "j", "--local-addr", hosts.addr(i),
+                "--rdzv-conf", FAST + ",read_timeout=5", "--max-restarts", "3",
+            ]  # fmt: skip
+
+        job.start("a", flags(0), prefix=hosts.prefix(0))
+        listening(hosts.addr(0), 29400, prefix=hosts.prefix(1))
+        job.start("b", flags(1), prefix=hosts.prefix(1))
+        job.start("c", flags(2), prefix=hosts.prefix(2))
+        starts = job.wait_for(lambda s: len(s) == 3 and {e["WORLD_SIZE"] for e in s} == {"3"},
+                              what="3 workers in a world of 3")  # fmt: skip
+        assert {e["MASTER_ADDR"] for e in starts} == {hosts.addr(0)}
+        t_cut = time.time()
+        hosts.cut(2)
+        starts = job.wait_for(
+            lambda s: len(worlds(s, "a")) >= 2 and len(worlds(s, "b")) >= 2,
+            what="a and b re-formed without the cut-off host",
+        )
+        assert worlds(starts, "a")[-1] == worlds(starts, "b")[-1] == 2
+        # its lease expired on the store host 3 s after the cut: no later than that + slack
+        assert max(e["t"] for e in starts if e["t"] > t_cut) - t_cut < 3 + 10
+        # the cut-off agent gives up on its unreachable store after read_timeout, one line
+        assert job.wait("c", 60) == 1
+        assert "Traceback" not in job.outputs["c"][1]
+        hosts.heal(2)
+        job.stop_workers()
+        assert job.wait("a") == 0 and job.wait("b") == 0, job.collect()
