@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -78,6 +79,8 @@ __all__ = [
     "RendezvousTimeout",
     "create_handler",
 ]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MASTER_PORT = 29500
 #: Values we read back are small; anything bigger is not ours.
@@ -353,6 +356,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     async def next_rendezvous_async(self) -> RendezvousInfo:
         deadline = self._clock.now() + self._core.join_timeout
+        logger.info(
+            "The node '%s' attempts to join the next round of the rendezvous '%s'.",
+            self._node,
+            self._settings.run_id,
+        )
         await self._ensure_lease()
         while True:
             raw_state, st = await self._read_state()
@@ -508,6 +516,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
         result_key = self._ek(r, "result")
         await store.set(mprefix + self._node, b"", lease=self._lease)
         n = await store.add(self._rk(r, "count"), 1)
+        logger.info(
+            "The node '%s' added itself to the participants of round %s of the rendezvous "
+            "'%s'. Pending sync.",
+            self._node,
+            r,
+            self._settings.run_id,
+        )
         joined_at = clock.now()
         attempt = first_attempt_at(n, joined_at, self._core)
         last_call_end = joined_at + self._core.last_call_timeout
@@ -551,6 +566,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     async def _finish(self, r: int, members: _Members, deadline: float) -> RendezvousInfo:
         rank = members.rank[self._node]
+        logger.info(
+            "The node '%s' has joined round %s of the rendezvous '%s' as rank %s in a world "
+            "of size %s.",
+            self._node,
+            r,
+            self._settings.run_id,
+            rank,
+            len(members),
+        )
         self._round, self._members, self._redundant = r, members, False
         store = PrefixStore(self._store, f"{self._base}/s/{r}/")
         port = 0
@@ -574,6 +598,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._redundant = role is NodeStatus.REDUNDANT
         key = self._rk(r, "x", self._node) if self._redundant else self._rk(r, "ev/w", self._node)
         await self._store.set(key, b"", lease=self._lease)
+        logger.info(
+            "The node '%s' added itself to the %s of round %s of the rendezvous '%s'. "
+            "Pending sync.",
+            self._node,
+            "redundancy list" if self._redundant else "wait list",
+            r + 1,
+            self._settings.run_id,
+        )
         # Redundant nodes wait without a deadline (torch); waiting ones within join.
         timeout = None if self._redundant else max(0.0, deadline - self._clock.now())
         try:
@@ -605,6 +637,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             desired = _dump({"version": _VERSION, "round": st.round, "closed": True})
             if await self._store.compare_set(self._k("state"), raw, desired) == desired:
                 break
+        logger.info(
+            "The node '%s' has closed the rendezvous '%s'.", self._node, self._settings.run_id
+        )
         r = st.round
         closed = {"version": _VERSION, "round": r, "closed": True}
         await self._store.compare_set(self._ek(r, "result"), None, _dump(closed))  # joiners
