@@ -256,7 +256,8 @@ def main() -> int:
         f"({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
         "A/B interleaved, medians; see the script's docstring for what each row measures.",
         "",
-        "| measurement | elastic | torchrun | elastic/torchrun | target | runs (elastic; torchrun) |",
+        "| measurement | elastic | torchrun | elastic/torchrun | target "
+        "| runs (elastic; torchrun) |",
         "|---|---:|---:|---:|---|---|",
     ]
     for name, e, t, target, r in rows:
