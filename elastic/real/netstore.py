@@ -401,6 +401,7 @@ class _ServerConn:
                 "instance": hosted.instance,
                 "idle_timeout": self.server.idle_timeout,
                 "revision": store.revision,
+                "max_frame": self.server.max_frame,
             }
         raise ProtocolError(f"unknown operation {op!r}")  # pragma: no cover - OPS is closed
 
@@ -447,6 +448,7 @@ class _Link:
         self.fatal: tuple[str, str] | None = None
         self.instance = ""
         self.revision = 0
+        self.max_frame = MAX_FRAME
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self, ping_every: float) -> None:
@@ -679,6 +681,7 @@ class NetStoreClient:
             link.drop()
             raise
         link.instance = hello["instance"]
+        link.max_frame = min(self.max_frame, int(hello.get("max_frame", self.max_frame)))
         link.revision = int(hello.get("revision", 0))
         idle = float(hello["idle_timeout"])
         if idle > 0 and idle / 4 < self.read_timeout / 3:
@@ -739,7 +742,7 @@ class NetStoreClient:
     async def _roundtrip(self, link: _Link, op: str, args: tuple[Any, ...]) -> Any:
         self._next_id += 1
         rid = self._next_id
-        frame = encode_request(rid, op, *args, max_frame=self.max_frame)
+        frame = encode_request(rid, op, *args, max_frame=link.max_frame)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         link.send(frame)
         link.pending[rid] = fut
@@ -760,7 +763,13 @@ class NetStoreClient:
     async def _request(
         self, op: str, args: Callable[[], tuple[Any, ...]], *, retry: bool, instance: str = ""
     ) -> Any:
-        """Send ``op`` and return its checked result; resend after a reconnect if ``retry``."""
+        """Send ``op`` and return its checked result; resend after a reconnect if ``retry``.
+
+        Resending stops ``read_timeout`` after the first broken connection (a server that
+        accepts and then drops every request must not hold a caller forever).
+        """
+        lost_since: float | None = None
+        backoff = 0.02
         while True:
             link = await self._ensure_link(self.read_timeout)
             if instance and link.instance != instance:
@@ -768,11 +777,25 @@ class NetStoreClient:
             try:
                 return await self._roundtrip(link, op, args())
             except _Lost as e:
+                if link.fatal is not None:  # the server refused this request for good
+                    raise StoreError(
+                        f"{op}: the store at {self.address} closed the connection: {link.fatal[1]}"
+                    ) from None
                 if not retry:
                     raise StoreError(
                         f"{op} on the store at {self.address}: the connection broke before "
                         f"the reply ({e}); whether it took effect is unknown — re-read the key"
                     ) from None
+                now = self._clock.now()
+                if lost_since is None:
+                    lost_since = now
+                elif now - lost_since > self.read_timeout:
+                    raise StoreError(
+                        f"{op} on the store at {self.address}: the connection kept breaking "
+                        f"for {self.read_timeout:g}s ({e})"
+                    ) from None
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, 1.0)
 
     def _deadline(self, timeout: float | None) -> Callable[[], float | None]:
         if timeout is None:
