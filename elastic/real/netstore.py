@@ -64,7 +64,14 @@ from elastic.real.netstore_protocol import (
 )
 from elastic.store import Lease
 
-__all__ = ["DEFAULT_PORT", "HostedStore", "NetLease", "NetStoreClient", "StoreServer"]
+__all__ = [
+    "DEFAULT_PORT",
+    "HostedStore",
+    "NetLease",
+    "NetStoreClient",
+    "StoreServer",
+    "WireStats",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -433,12 +440,27 @@ class _Refused(StoreError):
     """The server refused the connection for good (authentication, limits)."""
 
 
+class WireStats:
+    """Bytes a client sent and received (frames, headers included) over all its connections."""
+
+    __slots__ = ("received", "sent")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+
+
 class _Link:
     """One TCP connection of a client, with its outstanding requests."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, read_timeout: float
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        read_timeout: float,
+        stats: WireStats,
     ) -> None:
+        self.stats = stats
         self.reader = reader
         self.writer = writer
         self.read_timeout = read_timeout
@@ -463,6 +485,7 @@ class _Link:
                     data = await self.reader.read(_READ_CHUNK)
                 if not data:
                     break
+                self.stats.received += len(data)
                 for body in decoder.feed(data):
                     resp = decode_response(body)
                     if resp.id == 0 and not resp.ok:
@@ -490,6 +513,7 @@ class _Link:
         if self.lost:
             raise _Lost(self.why)
         self.writer.write(frame)
+        self.stats.sent += len(frame)
 
     def drop(self) -> None:
         if self.lost:
@@ -611,6 +635,7 @@ class NetStoreClient:
         self._leases: dict[int, NetLease] = {}
         self._background: set[asyncio.Task[None]] = set()
         self.reconnects = 0
+        self.wire = WireStats()
 
     def __repr__(self) -> str:  # never shows the token
         return f"NetStoreClient({self.address!r})"
@@ -668,7 +693,7 @@ class NetStoreClient:
     async def _open(self, timeout: float) -> _Link:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(self.host, self.port)
-        link = _Link(reader, writer, self.read_timeout)
+        link = _Link(reader, writer, self.read_timeout, self.wire)
         link.start(ping_every=self.read_timeout / 3)
         try:
             async with asyncio.timeout(timeout):
