@@ -7,6 +7,7 @@ limits (frame size, connections, waits per connection, slow readers, silent peer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -138,6 +139,29 @@ def test_a_connection_that_never_says_hello_is_closed_after_the_handshake_timeou
             replies = await raw.replies_until_closed(timeout=5)
             assert [(r.id, r.kind) for r in replies] == [(0, "auth")]
             assert "no hello within 0.3s" in replies[0].message
+
+    run(body)
+
+
+def test_a_peer_trickling_a_partial_hello_is_still_cut_at_the_handshake_deadline() -> None:
+    async def body() -> None:
+        async with serving(token=TOKEN, handshake_timeout=0.5) as server:
+            raw = await Raw.open(server)
+            hello = encode_request(1, "hello", TOKEN)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            reading = asyncio.create_task(raw.replies_until_closed(timeout=5))
+            with contextlib.suppress(ConnectionError):
+                for b in hello[:-1]:  # one byte every 0.1 s: never a whole frame in time
+                    if reading.done():
+                        break
+                    await raw.send(bytes([b]))
+                    await asyncio.sleep(0.1)
+            replies = await reading
+            assert [(r.id, r.kind) for r in replies] == [(0, "auth")]
+            assert len(hello) * 0.1 > 3.5  # a per-read timeout would let it go on this long
+            assert loop.time() - t0 < 2.5
+            assert server.connections == 0
 
     run(body)
 

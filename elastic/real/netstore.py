@@ -236,6 +236,8 @@ class _ServerConn:
         self.dead = False
         self.pending: dict[int, asyncio.Task[None]] = {}
         self.owned: set[int] = set()
+        self.started = self.last_rx = 0.0
+        self.timer: asyncio.TimerHandle | None = None
 
     # -- writing ----------------------------------------------------------------------
     def send(self, frame: bytes) -> None:
@@ -268,19 +270,14 @@ class _ServerConn:
 
     # -- reading ----------------------------------------------------------------------
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.started = self.last_rx = loop.time()
+        self.timer = loop.call_later(self.server.handshake_timeout, self.watchdog)
         while not self.dead:
-            limit = self.server.idle_timeout if self.authed else self.server.handshake_timeout
-            try:
-                async with asyncio.timeout(limit):
-                    data = await self.reader.read(_READ_CHUNK)
-            except TimeoutError:
-                if not self.authed:
-                    self.fail("auth", f"no hello within {limit:g}s; closing the connection")
-                else:
-                    self.abort()  # a silent peer: good clients ping well within this
-                return
+            data = await self.reader.read(_READ_CHUNK)
             if not data:
                 return
+            self.last_rx = loop.time()
             try:
                 for body in self.decoder.feed(data):
                     req = decode_request(body, self.decoder.max_frame)
@@ -292,6 +289,25 @@ class _ServerConn:
             except ProtocolError as e:
                 self.fail("protocol", str(e))
                 return
+
+    def watchdog(self) -> None:
+        """One timer per connection, re-armed to the next deadline (cheaper than a timeout
+        around every read).  The handshake deadline runs from the connection's start, so
+        a peer trickling a partial hello is still cut off."""
+        if self.dead:
+            return
+        loop = asyncio.get_running_loop()
+        if self.authed:
+            left = self.last_rx + self.server.idle_timeout - loop.time()
+        else:
+            left = self.started + self.server.handshake_timeout - loop.time()
+        if left > 0:
+            self.timer = loop.call_later(left, self.watchdog)
+        elif not self.authed:
+            limit = self.server.handshake_timeout
+            self.fail("auth", f"no hello within {limit:g}s; closing the connection")
+        else:
+            self.abort()  # a silent peer: good clients ping well within this
 
     def handshake(self, req: Request) -> bool:
         if req.op != "hello":
@@ -310,6 +326,9 @@ class _ServerConn:
             return False
         self.authed = True
         self.decoder.max_frame = self.server.max_frame
+        if self.timer is not None:  # from now on the idle deadline applies
+            self.timer.cancel()
+        self.timer = asyncio.get_running_loop().call_later(self.server.idle_timeout, self.watchdog)
         return True
 
     async def dispatch(self, req: Request) -> None:
@@ -415,6 +434,8 @@ class _ServerConn:
     def teardown(self) -> None:
         """The connection is gone: stop its waits; its leases expire ``ttl`` from now."""
         self.dead = True
+        if self.timer is not None:
+            self.timer.cancel()
         for task in self.pending.values():
             task.cancel()
         self.pending.clear()
@@ -472,6 +493,8 @@ class _Link:
         self.revision = 0
         self.max_frame = MAX_FRAME
         self.tasks: list[asyncio.Task[None]] = []
+        self.last_rx = 0.0
+        self.timer: asyncio.TimerHandle | None = None
 
     def start(self, ping_every: float) -> None:
         loop = asyncio.get_running_loop()
@@ -479,12 +502,15 @@ class _Link:
 
     async def _read(self) -> None:
         decoder = FrameDecoder()
+        loop = asyncio.get_running_loop()
+        self.last_rx = loop.time()
+        self.timer = loop.call_later(self.read_timeout, self._watchdog)
         try:
             while True:
-                async with asyncio.timeout(self.read_timeout):
-                    data = await self.reader.read(_READ_CHUNK)
+                data = await self.reader.read(_READ_CHUNK)
                 if not data:
                     break
+                self.last_rx = loop.time()
                 self.stats.received += len(data)
                 for body in decoder.feed(data):
                     resp = decode_response(body)
@@ -495,12 +521,22 @@ class _Link:
                     fut = self.pending.pop(resp.id, None)
                     if fut is not None and not fut.done():
                         fut.set_result(resp)
-        except TimeoutError:
-            self.why = f"no reply from the store for {self.read_timeout:g}s"
         except (OSError, ProtocolError) as e:
             self.why = str(e) or type(e).__name__
         finally:
             self.drop()
+
+    def _watchdog(self) -> None:
+        # one timer per link, re-armed to the next deadline: cheaper than a timeout per read
+        if self.lost:
+            return
+        loop = asyncio.get_running_loop()
+        left = self.last_rx + self.read_timeout - loop.time()
+        if left > 0:
+            self.timer = loop.call_later(left, self._watchdog)
+            return
+        self.why = f"no reply from the store for {self.read_timeout:g}s"
+        self.drop()
 
     async def _ping(self, every: float) -> None:
         # Keeps the server's idle timer and our read timeout fed while only long waits are
@@ -519,6 +555,8 @@ class _Link:
         if self.lost:
             return
         self.lost = True
+        if self.timer is not None:
+            self.timer.cancel()
         err = _Lost(self.why)
         for fut in self.pending.values():
             if not fut.done():
