@@ -5,7 +5,9 @@
     ElasticError                         — root: catch this to catch everything of ours
     ├── ConfigError                      — bad user input (flag, file, scenario); one line
     ├── StoreError                       — the store failed an operation
-    │   └── StoreClosedError             — the store was shut down
+    │   ├── StoreClosedError             — the store was shut down
+    │   └── real.netstore_protocol.ProtocolError — bytes that are not the network
+    │                                      store's protocol (a peer's bug or an attack)
     ├── rendezvous.RendezvousError       — (elastic.rendezvous.api) torch's names:
     │   ├── RendezvousClosedError
     │   ├── RendezvousTimeoutError

@@ -64,7 +64,14 @@ from elastic.real.netstore_protocol import (
 )
 from elastic.store import Lease
 
-__all__ = ["DEFAULT_PORT", "HostedStore", "NetLease", "NetStoreClient", "StoreServer"]
+__all__ = [
+    "DEFAULT_PORT",
+    "HostedStore",
+    "NetLease",
+    "NetStoreClient",
+    "StoreServer",
+    "WireStats",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +258,8 @@ class _ServerConn:
         self.dead = False
         self.pending: dict[int, asyncio.Task[None]] = {}
         self.owned: set[int] = set()
+        self.started = self.last_rx = 0.0
+        self.timer: asyncio.TimerHandle | None = None
 
     # -- writing ----------------------------------------------------------------------
     def send(self, frame: bytes) -> None:
@@ -283,19 +292,14 @@ class _ServerConn:
 
     # -- reading ----------------------------------------------------------------------
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.started = self.last_rx = loop.time()
+        self.timer = loop.call_later(self.server.handshake_timeout, self.watchdog)
         while not self.dead:
-            limit = self.server.idle_timeout if self.authed else self.server.handshake_timeout
-            try:
-                async with asyncio.timeout(limit):
-                    data = await self.reader.read(_READ_CHUNK)
-            except TimeoutError:
-                if not self.authed:
-                    self.fail("auth", f"no hello within {limit:g}s; closing the connection")
-                else:
-                    self.abort()  # a silent peer: good clients ping well within this
-                return
+            data = await self.reader.read(_READ_CHUNK)
             if not data:
                 return
+            self.last_rx = loop.time()
             try:
                 for body in self.decoder.feed(data):
                     req = decode_request(body, self.decoder.max_frame)
@@ -307,6 +311,25 @@ class _ServerConn:
             except ProtocolError as e:
                 self.fail("protocol", str(e))
                 return
+
+    def watchdog(self) -> None:
+        """One timer per connection, re-armed to the next deadline (cheaper than a timeout
+        around every read).  The handshake deadline runs from the connection's start, so
+        a peer trickling a partial hello is still cut off."""
+        if self.dead:
+            return
+        loop = asyncio.get_running_loop()
+        if self.authed:
+            left = self.last_rx + self.server.idle_timeout - loop.time()
+        else:
+            left = self.started + self.server.handshake_timeout - loop.time()
+        if left > 0:
+            self.timer = loop.call_later(left, self.watchdog)
+        elif not self.authed:
+            limit = self.server.handshake_timeout
+            self.fail("auth", f"no hello within {limit:g}s; closing the connection")
+        else:
+            self.abort()  # a silent peer: good clients ping well within this
 
     def handshake(self, req: Request) -> bool:
         if req.op != "hello":
@@ -325,6 +348,9 @@ class _ServerConn:
             return False
         self.authed = True
         self.decoder.max_frame = self.server.max_frame
+        if self.timer is not None:  # from now on the idle deadline applies
+            self.timer.cancel()
+        self.timer = asyncio.get_running_loop().call_later(self.server.idle_timeout, self.watchdog)
         return True
 
     async def dispatch(self, req: Request) -> None:
@@ -423,12 +449,15 @@ class _ServerConn:
                 "instance": hosted.instance,
                 "idle_timeout": self.server.idle_timeout,
                 "revision": store.revision,
+                "max_frame": self.server.max_frame,
             }
         raise ProtocolError(f"unknown operation {op!r}")  # pragma: no cover - OPS is closed
 
     def teardown(self) -> None:
         """The connection is gone: stop its waits; its leases expire ``ttl`` from now."""
         self.dead = True
+        if self.timer is not None:
+            self.timer.cancel()
         for task in self.pending.values():
             task.cancel()
         self.pending.clear()
@@ -454,12 +483,27 @@ class _Refused(StoreError):
     """The server refused the connection for good (authentication, limits)."""
 
 
+class WireStats:
+    """Bytes a client sent and received (frames, headers included) over all its connections."""
+
+    __slots__ = ("received", "sent")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+
+
 class _Link:
     """One TCP connection of a client, with its outstanding requests."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, read_timeout: float
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        read_timeout: float,
+        stats: WireStats,
     ) -> None:
+        self.stats = stats
         self.reader = reader
         self.writer = writer
         self.read_timeout = read_timeout
@@ -469,7 +513,10 @@ class _Link:
         self.fatal: tuple[str, str] | None = None
         self.instance = ""
         self.revision = 0
+        self.max_frame = MAX_FRAME
         self.tasks: list[asyncio.Task[None]] = []
+        self.last_rx = 0.0
+        self.timer: asyncio.TimerHandle | None = None
 
     def start(self, ping_every: float) -> None:
         loop = asyncio.get_running_loop()
@@ -477,12 +524,16 @@ class _Link:
 
     async def _read(self) -> None:
         decoder = FrameDecoder()
+        loop = asyncio.get_running_loop()
+        self.last_rx = loop.time()
+        self.timer = loop.call_later(self.read_timeout, self._watchdog)
         try:
             while True:
-                async with asyncio.timeout(self.read_timeout):
-                    data = await self.reader.read(_READ_CHUNK)
+                data = await self.reader.read(_READ_CHUNK)
                 if not data:
                     break
+                self.last_rx = loop.time()
+                self.stats.received += len(data)
                 for body in decoder.feed(data):
                     resp = decode_response(body)
                     if resp.id == 0 and not resp.ok:
@@ -492,12 +543,22 @@ class _Link:
                     fut = self.pending.pop(resp.id, None)
                     if fut is not None and not fut.done():
                         fut.set_result(resp)
-        except TimeoutError:
-            self.why = f"no reply from the store for {self.read_timeout:g}s"
         except (OSError, ProtocolError) as e:
             self.why = str(e) or type(e).__name__
         finally:
             self.drop()
+
+    def _watchdog(self) -> None:
+        # one timer per link, re-armed to the next deadline: cheaper than a timeout per read
+        if self.lost:
+            return
+        loop = asyncio.get_running_loop()
+        left = self.last_rx + self.read_timeout - loop.time()
+        if left > 0:
+            self.timer = loop.call_later(left, self._watchdog)
+            return
+        self.why = f"no reply from the store for {self.read_timeout:g}s"
+        self.drop()
 
     async def _ping(self, every: float) -> None:
         # Keeps the server's idle timer and our read timeout fed while only long waits are
@@ -510,11 +571,14 @@ class _Link:
         if self.lost:
             raise _Lost(self.why)
         self.writer.write(frame)
+        self.stats.sent += len(frame)
 
     def drop(self) -> None:
         if self.lost:
             return
         self.lost = True
+        if self.timer is not None:
+            self.timer.cancel()
         err = _Lost(self.why)
         for fut in self.pending.values():
             if not fut.done():
@@ -631,6 +695,7 @@ class NetStoreClient:
         self._leases: dict[int, NetLease] = {}
         self._background: set[asyncio.Task[None]] = set()
         self.reconnects = 0
+        self.wire = WireStats()
 
     def __repr__(self) -> str:  # never shows the token
         return f"NetStoreClient({self.address!r})"
@@ -688,7 +753,7 @@ class NetStoreClient:
     async def _open(self, timeout: float) -> _Link:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(self.host, self.port)
-        link = _Link(reader, writer, self.read_timeout)
+        link = _Link(reader, writer, self.read_timeout, self.wire)
         link.start(ping_every=self.read_timeout / 3)
         try:
             async with asyncio.timeout(timeout):
@@ -701,6 +766,7 @@ class NetStoreClient:
             link.drop()
             raise
         link.instance = hello["instance"]
+        link.max_frame = min(self.max_frame, int(hello.get("max_frame", self.max_frame)))
         link.revision = int(hello.get("revision", 0))
         idle = float(hello["idle_timeout"])
         if idle > 0 and idle / 4 < self.read_timeout / 3:
@@ -761,7 +827,7 @@ class NetStoreClient:
     async def _roundtrip(self, link: _Link, op: str, args: tuple[Any, ...]) -> Any:
         self._next_id += 1
         rid = self._next_id
-        frame = encode_request(rid, op, *args, max_frame=self.max_frame)
+        frame = encode_request(rid, op, *args, max_frame=link.max_frame)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         link.send(frame)
         link.pending[rid] = fut
@@ -782,7 +848,13 @@ class NetStoreClient:
     async def _request(
         self, op: str, args: Callable[[], tuple[Any, ...]], *, retry: bool, instance: str = ""
     ) -> Any:
-        """Send ``op`` and return its checked result; resend after a reconnect if ``retry``."""
+        """Send ``op`` and return its checked result; resend after a reconnect if ``retry``.
+
+        Resending stops ``read_timeout`` after the first broken connection (a server that
+        accepts and then drops every request must not hold a caller forever).
+        """
+        lost_since: float | None = None
+        backoff = 0.02
         while True:
             link = await self._ensure_link(self.read_timeout)
             if instance and link.instance != instance:
@@ -790,11 +862,25 @@ class NetStoreClient:
             try:
                 return await self._roundtrip(link, op, args())
             except _Lost as e:
+                if link.fatal is not None:  # the server refused this request for good
+                    raise StoreError(
+                        f"{op}: the store at {self.address} closed the connection: {link.fatal[1]}"
+                    ) from None
                 if not retry:
                     raise StoreError(
                         f"{op} on the store at {self.address}: the connection broke before "
                         f"the reply ({e}); whether it took effect is unknown — re-read the key"
                     ) from None
+                now = self._clock.now()
+                if lost_since is None:
+                    lost_since = now
+                elif now - lost_since > self.read_timeout:
+                    raise StoreError(
+                        f"{op} on the store at {self.address}: the connection kept breaking "
+                        f"for {self.read_timeout:g}s ({e})"
+                    ) from None
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, 1.0)
 
     def _deadline(self, timeout: float | None) -> Callable[[], float | None]:
         if timeout is None:
