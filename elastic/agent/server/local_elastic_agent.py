@@ -109,7 +109,10 @@ class SignalException(ElasticError):
 
 
 def parse_signals(names: str) -> list[signal.Signals]:
-    """``"SIGTERM,SIGINT"`` → signals; unknown names are logged and skipped (as torch)."""
+    """``"SIGTERM,SIGINT"`` → signals; unknown names are logged and skipped (as torch).
+
+    ``SIGCHLD`` is refused (:class:`ConfigError`): each worker exit sends it to the agent.
+    """
     out: list[signal.Signals] = []
     for raw in names.split(","):
         name = raw.strip()
@@ -123,6 +126,12 @@ def parse_signals(names: str) -> list[signal.Signals]:
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             logger.warning("Signal %s cannot be handled; ignoring it", name)
             continue
+        if sig == signal.SIGCHLD:
+            # every worker exit raises it: the agent would stop itself at the first one
+            raise ConfigError(
+                "--signals-to-handle",
+                "SIGCHLD cannot be a termination signal (every worker exit sends it); remove it",
+            )
         out.append(sig)
     return out
 
@@ -389,6 +398,13 @@ class LocalElasticAgent(SimpleElasticAgent):
             timeout = _health_timeout()
             if timeout is None:
                 return
+            if not 0 <= port_number <= 65535:
+                logger.error(
+                    "%s: got %r; expected a port number 0..65535. Not serving /health",
+                    TORCHELASTIC_HEALTH_CHECK_PORT,
+                    port,
+                )
+                return
             server = hcs.create_healthcheck_server(
                 alive_callback=self.get_last_progress_time, port=port_number, timeout=timeout
             )
@@ -396,7 +412,18 @@ class LocalElasticAgent(SimpleElasticAgent):
             server.metrics_callback = self._health_metrics
             self._health_check_server = server
         if self._health_check_server is not None:
-            self._health_check_server.start()
+            try:
+                self._health_check_server.start()
+            except (OSError, OverflowError, ValueError) as e:
+                # the job runs without its health endpoint (as for a bad port value)
+                logger.error(
+                    "%s: cannot serve /health on port %s: %s. Not serving /health",
+                    TORCHELASTIC_HEALTH_CHECK_PORT,
+                    port,
+                    getattr(e, "strerror", None) or e,
+                )
+                self._health_check_server = None
+                return
             self._emit(
                 "agent.health_server",
                 port=getattr(self._health_check_server, "port", None),
