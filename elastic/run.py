@@ -51,9 +51,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{_PROG}: error: cannot start the reaper sidecar: {e}", file=sys.stderr)
         return 1
     try:
-        return _main(argv, reaper)
-    finally:
-        reaper.close()  # a no-op when the agent already let it go
+        code = _main(argv, reaper)
+    except BaseException:
+        # the agent dies of its own exception: the sidecar sweeps everything marked
+        # before it goes (a no-op when the agent already let it go)
+        reaper.close(sweep=True)
+        raise
+    reaper.close()  # a no-op when the agent already let it go
+    return code
 
 
 def _main(argv: Sequence[str] | None, reaper: ReaperSidecar) -> int:
