@@ -158,6 +158,7 @@ def _human(report: dict[str, Any], failures: list[str]) -> str:
         ("membership restarts", report["membership_restarts"]),
         ("rendezvous rounds", report["rendezvous_rounds"]),
         ("hangs detected", report["hangs_detected"]),
+        ("faults", ", ".join(f"{n} {k}" for k, n in report.get("faults", {}).items()) or "none"),
         ("recovery", _recovery(report)),
         ("final nodes", report["final_nodes"]),
     ]

@@ -18,6 +18,7 @@ Definitions:
 * ``recovery_s`` — for each fault that broke the running training, the time until
   training ran again (a new world formed); ``recovery_s_max`` its maximum.
 * ``hangs_detected`` — groups declared UNHEALTHY plus workers reaped by a timer.
+* ``faults`` — the faults injected that hit something, by kind (simulated runs).
 * ``why`` — for a run that did not succeed, one line per cause (see :class:`_Causes`).
 * a real run's log (no ``sim.start``) has no seed, steps, goodput or simulated time:
   ``run_time_s`` (first to last event), ``world_sizes`` and ``nodes`` instead.
@@ -186,9 +187,13 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
     world_sizes: list[int] = []
     hangs = 0
     causes = _Causes()
+    faults: dict[str, int] = {}
     for e in events:
         count += 1
         causes.see(e)
+        if e.kind == "sim.fault" and e.fields.get("applied", True):
+            kind = str(e.fields.get("fault", "fault"))
+            faults[kind] = faults.get(kind, 0) + 1
         if t0 is None:
             t0 = e.t
         last_t = max(last_t, e.t) if count > 1 else e.t
@@ -267,5 +272,6 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
         "sim_time_s": round(end_t, 6),
         "goodput": round(goodput, 6),
         "final_nodes": int(end.get("final_nodes", len(finished_nodes))),
+        "faults": dict(sorted(faults.items())),
         "seed": start.get("seed", 0),
     }

@@ -55,3 +55,20 @@ def test_the_failure_report_lists_every_failed_rank(tmp_path: Path, tag: str) ->
     assert sorted(ranks) == ["0", "1", "2", "3"], report
     root = report[report.index("Root Cause") :]
     assert "exitcode  : 2 " in root
+
+
+@pytest.mark.timeout(60)
+def test_a_run_that_succeeds_leaves_no_temp_log_dir(tmp_path: Path, tag: str) -> None:
+    import os
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    train = script(tmp_path, "print('ok')")
+    p = elastic_run(["--nproc-per-node", "2", train], tag, TMPDIR=str(tmp))
+    assert p.returncode == 0, p.stderr
+    assert os.listdir(tmp) == []
+    # a failed run keeps its logs: the report names the error files in them
+    failing = script(tmp_path, EXIT_2, name="fail.py")
+    p = elastic_run(["--nproc-per-node", "1", failing], tag, TMPDIR=str(tmp))
+    assert p.returncode == 1
+    assert [d.startswith("torchelastic_") for d in os.listdir(tmp)] == [True]
