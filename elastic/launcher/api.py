@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import sys
 from collections.abc import Callable
@@ -359,6 +360,11 @@ async def _run_on_store(
         if event_file is not None:
             event_file.close()
 
+    succeeded = result is None or result.state == WorkerState.SUCCEEDED
+    if succeeded and config.logs_specs is None and not config.log_dir:
+        # our own torchelastic_* temp dir (no --log-dir): nothing in it is wanted after a
+        # run that did not fail; a failed run's is kept for the report's error files
+        shutil.rmtree(logs_specs.root_log_dir, ignore_errors=True)
     if result is None:
         return {}
     if result.state == WorkerState.SUCCEEDED:

@@ -48,7 +48,7 @@ from elastic.rendezvous.api import (
     RendezvousInfo,
 )
 from elastic.store import Store
-from elastic.workers import RunningGroup, WorkerExit, WorkerLaunch, WorkersPort
+from elastic.workers import ExitCause, RunningGroup, WorkerExit, WorkerLaunch, WorkersPort
 
 __all__ = [
     "DEFAULT_ROLE",
@@ -257,6 +257,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._env_hooks = list(env_hooks or [])
         self._rank_exchange_timeout = rank_exchange_timeout
         self._group: RunningGroup | None = None
+        self._seen_exits: dict[int, WorkerExit] = {}  # local rank -> exit, this group's
         self._attempt = 0
         self._rounds = 0
         self._round = 0
@@ -394,7 +395,9 @@ class SimpleElasticAgent(ElasticAgent):
                     self._remaining_restarts -= 1
                     await self._restart_workers(wg, "failure")
                     continue
+                group = self._group
                 await self._stop_group("restarts_exhausted")
+                await self._add_other_failures(wg, group, run_result)
                 wg.state = WorkerState.FAILED
                 return self._with_failure_records(run_result)
             if outcome is _Outcome.HEALTH:
@@ -441,6 +444,7 @@ class SimpleElasticAgent(ElasticAgent):
 
     async def _group_outcome(self, wg: WorkerGroup, group: RunningGroup) -> RunResult:
         exits: dict[int, WorkerExit] = {}
+        self._seen_exits = exits
         by_local = {w.local_rank: w for w in wg.workers}
         while True:
             ex = await group.next_exit()
@@ -466,6 +470,35 @@ class SimpleElasticAgent(ElasticAgent):
                         by_local[lr].global_rank: e.return_value for lr, e in exits.items()
                     },
                 )
+
+    async def _add_other_failures(
+        self, wg: WorkerGroup, group: RunningGroup, result: RunResult
+    ) -> None:
+        """Add to ``result`` every other worker of the stopped ``group`` that did not exit 0.
+
+        torch's report lists every failed rank, root cause first, not only the exit that
+        decided the outcome: workers of a job often fail together, and torch records the
+        siblings its stop ended too (exit code -15, here with the cause "stopped by the
+        agent").  The group is stopped, so every exit the agent has not taken is queued
+        and ``next_exit`` returns at once.
+        """
+        by_local = {w.local_rank: w for w in wg.workers}
+        for _ in range(len(by_local) - len(self._seen_exits)):
+            ex = await group.next_exit()
+            self._seen_exits[ex.local_rank] = ex
+            w = by_local.get(ex.local_rank)
+            if ex.failed and w is not None:
+                if ex.cause is not ExitCause.STOPPED_BY_AGENT:
+                    self._emit(
+                        "torchelastic.worker.status.FAILED",
+                        rank=w.global_rank,
+                        local_rank=ex.local_rank,
+                        exit_code=ex.exit_code,
+                        cause=ex.cause.value,
+                        worker_pid=ex.pid,
+                        attempt=self._attempt,
+                    )
+                result.failures.setdefault(w.global_rank, ex)
 
     def _failure(self, ex: WorkerExit) -> Any:
         """The failure record kept in ``RunResult.failures`` (a ProcessFailure in real mode)."""

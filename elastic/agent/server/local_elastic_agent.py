@@ -460,6 +460,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             await self._process_workers.aclose(sweep=sweep)
 
     # -- hooks of the loop ---------------------------------------------------------------
+    def _emit(self, kind: str, rank: int | None = None, **fields: Any) -> None:
+        super()._emit(kind, rank, **fields)
+        _log_event(self._worker_group.spec, kind, rank, fields)
+
     async def _start_workers(self, wg: WorkerGroup) -> None:
         if self._progress_monitor is not None:
             self._progress_monitor.reset(range(wg.spec.local_world_size))
@@ -553,6 +557,61 @@ class LocalElasticAgent(SimpleElasticAgent):
                 loop.call_soon_threadsafe(emit)
         except RuntimeError:
             pass  # the loop closed meanwhile: the run is over
+
+
+def _log_event(spec: WorkerSpec, kind: str, rank: int | None, fields: dict[str, Any]) -> None:
+    """What torchrun logs of a failure, a restart and a new round, in its words and levels.
+
+    Real mode only: the simulator's agents do not log (a simulation has thousands of
+    failures; its report and event log say what happened).
+    """
+    role = spec.role
+    if kind == "torchelastic.worker.status.FAILED":
+        code = int(fields.get("exit_code", 0))
+        how = ""
+        if code < 0:
+            try:
+                how = f", signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f", signal {-code}"
+        logger.error(
+            "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s (rank %s%s, %s)",
+            code,
+            fields.get("local_rank"),
+            fields.get("worker_pid"),
+            spec.get_entrypoint_name(),
+            rank,
+            how,
+            fields.get("cause", "exited"),
+        )
+    elif kind == "agent.restart":
+        reason = fields.get("reason")
+        if reason == "membership":
+            logger.info(
+                "[%s] Detected a membership change (%s); will restart worker group",
+                role,
+                fields.get("detail") or "membership",
+            )
+        else:
+            # torch logs the budget before spending one restart; the event has it after
+            logger.info(
+                "[%s] Worker group %s. %s/%s attempts left; will restart worker group",
+                role,
+                "UNHEALTHY" if reason == "unhealthy" else "FAILED",
+                int(fields.get("remaining_restarts", 0)) + 1,
+                spec.max_restarts,
+            )
+    elif kind == "agent.group_started":
+        logger.info(
+            "[%s] Rendezvous complete for workers. Result: restart_count=%s group_rank=%s "
+            "group_world_size=%s world_size=%s attempt=%s",
+            role,
+            fields.get("restart_count"),
+            fields.get("group_rank"),
+            fields.get("group_world_size"),
+            fields.get("world_size"),
+            fields.get("attempt"),
+        )
 
 
 def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
