@@ -117,7 +117,7 @@ def _import_agent_modules() -> None:
     import elastic.memstore
     import elastic.real.clock
     import elastic.real.workers
-    import elastic.rendezvous.dynamic  # noqa: F401  # --standalone and c10d
+    import elastic.rendezvous.dynamic_rendezvous  # noqa: F401  # --standalone and c10d
 
 
 def _pass_root_cause_up(e: object) -> None:

@@ -16,7 +16,7 @@ from elastic.rendezvous import (
     RendezvousParameters,
     get_rendezvous_handler,
 )
-from elastic.rendezvous.dynamic import (
+from elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousSettings,
     RendezvousTimeout,
