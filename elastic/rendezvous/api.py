@@ -296,15 +296,17 @@ class RendezvousContext(Frozen):
     ``node_id`` must be unique among the job's agents; ``node_addr`` is what rank 0
     publishes as MASTER_ADDR.  ``port_chooser`` gives rank 0 a MASTER_PORT (a free TCP
     port in real mode, any int in the simulator); without it the ``master_port`` config
-    key, else 29500, is used.
+    key, else 29500, is used.  ``sync_runner`` (real mode) runs a coroutine to completion
+    from any thread; handlers built on this context get it for torch's blocking API.
     """
 
-    __slots__ = ("clock", "node_addr", "node_id", "port_chooser", "store")
+    __slots__ = ("clock", "node_addr", "node_id", "port_chooser", "store", "sync_runner")
     store: Store
     clock: Clock
     node_addr: str
     node_id: str
     port_chooser: Callable[[], int] | None
+    sync_runner: SyncRunner | None
 
     def __init__(
         self,
@@ -313,12 +315,14 @@ class RendezvousContext(Frozen):
         node_addr: str,
         node_id: str,
         port_chooser: Callable[[], int] | None = None,
+        sync_runner: SyncRunner | None = None,
     ) -> None:
         set_fields(self, "store", store)
         set_fields(self, "clock", clock)
         set_fields(self, "node_addr", node_addr)
         set_fields(self, "node_id", node_id)
         set_fields(self, "port_chooser", port_chooser)
+        set_fields(self, "sync_runner", sync_runner)
 
 
 _PAIRS = {

@@ -36,6 +36,16 @@ read is checked against its schema and a corrupt one raises
 
 Each round has its own store, ``elastic/rdzv/<run_id>/s/<r>/`` (a :class:`PrefixStore`),
 where rank 0 publishes MASTER_ADDR/MASTER_PORT.
+
+Two ways to build the handler
+-----------------------------
+* over the store port (:func:`create_port_handler`, what ``elastic run`` and the
+  simulator use): watches and leases, no polling;
+* torch's way, over a :class:`RendezvousBackend` (:meth:`DynamicRendezvousHandler.from_backend`,
+  :func:`create_handler`): the backend's one blob becomes a store port
+  (:class:`~elastic.rendezvous.backend_store.BackendStore`), polled every
+  ``poll_interval`` (torch polls too), and the same code above runs over it — the same
+  decisions on the same membership history.
 """
 
 from __future__ import annotations
@@ -59,6 +69,8 @@ from elastic.rendezvous._core import (
 from elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousContext,
+    SyncRunner,
+    SyncStore,
     RendezvousError,
     RendezvousGracefulExitError,
     RendezvousHandler,
@@ -68,15 +80,19 @@ from elastic.rendezvous.api import (
     RendezvousStoreInfo,
     RendezvousTimeoutError,
 )
+from elastic.rendezvous.backend_store import BackendStore, RendezvousBackend, Token
 from elastic.rendezvous.prefix_store import PrefixStore
 from elastic.store import Lease, Store
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
     "DynamicRendezvousHandler",
+    "RendezvousBackend",
     "RendezvousSettings",
     "RendezvousTimeout",
+    "Token",
     "create_handler",
+    "create_port_handler",
 ]
 
 DEFAULT_MASTER_PORT = 29500
@@ -281,6 +297,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         lease_ttl: float | None = None,
         master_port: int | None = None,
         port_chooser: Any = None,
+        round_store: Store | None = None,
     ) -> None:
         if not settings.run_id:
             raise ValueError("The run id must be a non-empty string.")
@@ -306,6 +323,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             raise ValueError(f"The lease time-to-live ({self._ttl}) must be positive.")
         self._master_port = master_port
         self._port_chooser = port_chooser
+        # where each round's store lives (torch's ``store`` of from_backend); else ``store``
+        self._round_store = store if round_store is None else round_store
         self._core = CoreSettings(
             settings.min_nodes,
             settings.max_nodes,
@@ -318,6 +337,78 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._round: int | None = None
         self._members = _Members([])
         self._redundant = False
+
+    @classmethod
+    def from_backend(
+        cls,
+        run_id: str,
+        store: Store | SyncStore,
+        backend: RendezvousBackend,
+        min_nodes: int,
+        max_nodes: int,
+        local_addr: str | None = None,
+        timeout: RendezvousTimeout | None = None,
+        keep_alive_interval: int = 5,
+        keep_alive_max_attempt: int = 3,
+        *,
+        clock: Clock | None = None,
+        node_id: str | None = None,
+        poll_interval: float = 1.0,
+        sync_runner: SyncRunner | None = None,
+    ) -> DynamicRendezvousHandler:
+        """Create a new :class:`DynamicRendezvousHandler` over ``backend`` (torch's API).
+
+        Args (torch's):
+            run_id: the run id of the rendezvous.
+            store: where each round's store lives (MASTER_ADDR/MASTER_PORT): the store
+                port or a :class:`SyncStore`.
+            backend: holds the rendezvous state — any :class:`RendezvousBackend`, a
+                user's own included.
+            min_nodes, max_nodes: the bounds of the rendezvous.
+            local_addr: this node's address (default: this host's FQDN).
+            timeout: the :class:`RendezvousTimeout`.
+            keep_alive_interval, keep_alive_max_attempt: a node is dead after
+                ``interval * max_attempt`` seconds without a keep-alive.
+
+        Extras (keyword-only): ``clock`` and ``node_id`` (default: real mode's clock and
+        torch's ``addr_pid_localid``); ``poll_interval`` — how often a waiting node
+        re-reads the backend (torch: 1 s); ``sync_runner`` for the blocking API.
+        """
+        if isinstance(store, SyncStore):
+            sync_runner = sync_runner or store._run
+            store = store.port
+        if clock is None or node_id is None:
+            # real mode: the process-wide loop thread, its clock and torch's node id
+            from elastic.launcher.api import fqdn
+            from elastic.real.rdzv_context import node_id as make_node_id
+            from elastic.real.rdzv_context import shared_loop
+
+            if clock is None:
+                from elastic.real.clock import AsyncioClock
+
+                clock = AsyncioClock()
+                sync_runner = sync_runner or shared_loop().run
+            local_addr = local_addr or fqdn()
+            node_id = node_id or make_node_id(local_addr)
+        settings = RendezvousSettings(
+            run_id,
+            min_nodes,
+            max_nodes,
+            timeout or RendezvousTimeout(),
+            timedelta(seconds=keep_alive_interval),
+            keep_alive_max_attempt,
+        )
+        handler = cls(
+            node_id,
+            local_addr or node_id,
+            settings,
+            backend.name,
+            BackendStore(backend, clock, poll_interval=poll_interval),
+            clock,
+            round_store=store,
+        )
+        handler.sync_runner = sync_runner or backend.sync_runner
+        return handler
 
     # -- keys ---------------------------------------------------------------------
     def _k(self, *parts: str) -> str:
@@ -552,7 +643,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
     async def _finish(self, r: int, members: _Members, deadline: float) -> RendezvousInfo:
         rank = members.rank[self._node]
         self._round, self._members, self._redundant = r, members, False
-        store = PrefixStore(self._store, f"{self._base}/s/{r}/")
+        store = PrefixStore(self._round_store, f"{self._base}/s/{r}/")
         port = 0
         if rank == 0:
             port = self._master_port or (
@@ -644,6 +735,35 @@ def _required_int(params: RendezvousParameters, key: str, default: int) -> int:
 
 
 def create_handler(
+    store: Store | SyncStore, backend: RendezvousBackend, params: RendezvousParameters
+) -> DynamicRendezvousHandler:
+    """Create a new :class:`DynamicRendezvousHandler` from ``params`` (torch's API).
+
+    torch's keys: ``join_timeout`` (600), ``last_call_timeout`` (30), ``close_timeout``
+    (30), ``keep_alive_interval`` (5), ``keep_alive_max_attempt`` (3); a bad value raises
+    torch's ``ValueError`` / ``TypeError``.  Real mode (see :meth:`from_backend`).
+    """
+    timeout = RendezvousTimeout(
+        _get_timeout(params, "join"),
+        _get_timeout(params, "last_call"),
+        _get_timeout(params, "close"),
+    )
+    interval = _required_int(params, "keep_alive_interval", 5)
+    attempts = _required_int(params, "keep_alive_max_attempt", 3)
+    return DynamicRendezvousHandler.from_backend(
+        params.run_id,
+        store,
+        backend,
+        params.min_nodes,
+        params.max_nodes,
+        params.local_addr,
+        timeout,
+        keep_alive_interval=interval,
+        keep_alive_max_attempt=attempts,
+    )
+
+
+def create_port_handler(
     params: RendezvousParameters, ctx: RendezvousContext
 ) -> DynamicRendezvousHandler:
     """Build the ``c10d`` handler from ``--rdzv-conf`` keys (torch's, plus ``master_port``).
@@ -676,7 +796,7 @@ def create_handler(
             attempts,
         )
         explicit_ttl = params.get("heartbeat_timeout") is not None
-        return DynamicRendezvousHandler(
+        handler = DynamicRendezvousHandler(
             ctx.node_id,
             ctx.node_addr if params.local_addr is None else params.local_addr,
             settings,
@@ -687,5 +807,7 @@ def create_handler(
             master_port=params.get_as_int("master_port"),
             port_chooser=ctx.port_chooser,
         )
+        handler.sync_runner = ctx.sync_runner
+        return handler
     except (ValueError, TypeError) as e:
         raise ConfigError("--rdzv-conf", str(e)) from None
