@@ -218,7 +218,9 @@ def test_backends_refuse_an_empty_run_id_and_etcd_keeps_torchs_key_and_ttl() -> 
     async def body(clock: Clock) -> None:
         store = MemoryStore(clock)
         for make in (C10dRendezvousBackend, EtcdRendezvousBackend):
-            with pytest.raises(ValueError, match="The run id must be a non-empty string."):
+            with pytest.raises(
+                ValueError, match=re.escape("The run id must be a non-empty string.")
+            ):
                 make(store, "")
         assert EtcdRendezvousBackend(store, "r")._key == "r"
         assert EtcdRendezvousBackend(store, "r", key_prefix="/a")._key == "/a/r"
@@ -250,15 +252,15 @@ def test_create_backend_has_torchs_parameters_and_errors() -> None:
         match=re.escape("Invalid store type given. Currently only supports file and tcp."),
     ):
         c10d_create_backend(p(store_type="dummy"))
-    with pytest.raises(ValueError, match="The read timeout must be a positive integer."):
+    with pytest.raises(ValueError, match=re.escape("The read timeout must be a positive integer.")):
         c10d_create_backend(p(read_timeout="0"))
     with pytest.raises(ValueError, match="'file' is not supported"):
         c10d_create_backend(p(store_type="file"))
     with pytest.raises(ValueError, match="does not represent a valid boolean"):
         c10d_create_backend(p(is_host="maybe"))
-    with pytest.raises(ValueError, match="The protocol must be HTTP or HTTPS."):
+    with pytest.raises(ValueError, match=re.escape("The protocol must be HTTP or HTTPS.")):
         etcd_create_backend(p(protocol="ftp"))
-    with pytest.raises(ValueError, match="The read timeout must be a positive integer."):
+    with pytest.raises(ValueError, match=re.escape("The read timeout must be a positive integer.")):
         etcd_create_backend(p(read_timeout="-3"))
     backend, store = c10d_create_backend(p())
     assert isinstance(backend, C10dRendezvousBackend) and backend.name == "c10d"

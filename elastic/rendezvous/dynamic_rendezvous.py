@@ -69,8 +69,6 @@ from elastic.rendezvous._core import (
 from elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousContext,
-    SyncRunner,
-    SyncStore,
     RendezvousError,
     RendezvousGracefulExitError,
     RendezvousHandler,
@@ -79,6 +77,8 @@ from elastic.rendezvous.api import (
     RendezvousStateError,
     RendezvousStoreInfo,
     RendezvousTimeoutError,
+    SyncRunner,
+    SyncStore,
 )
 from elastic.rendezvous.backend_store import BackendStore, RendezvousBackend, Token
 from elastic.rendezvous.prefix_store import PrefixStore
