@@ -13,14 +13,17 @@ Theory of operation
 -------------------
 * The blob is JSON (never pickle): ``{"version": 1, "rev": r, "kv": {key: [value
   (base64), mod_rev, lease_id]}, "tomb": {key: rev}, "floor": f, "leases": {id: [ttl,
-  beat]}, "next_lease": n}``.  Every mutation is one ``set_state`` with the token of the
+  expires]}, "next_lease": n}``.  Every mutation is one ``set_state`` with the token of the
   state it was computed from; a lost race re-reads and recomputes (optimistic
   concurrency, as torch's backend-driven handler does).
 * A backend has no watch and no lease.  Watches poll the blob every ``poll_interval``
-  (torch's handler polls too, once a second).  A lease is a ``beat`` counter its owner
-  bumps every ``ttl / 3``; an observer that sees the same beat for ``ttl`` seconds *of
-  its own clock* deletes the lease and its keys — no clock is compared across hosts,
-  so clock skew between nodes cannot kill a live node.
+  (torch's handler polls too, once a second).  A lease holds its expiry time, which
+  its owner pushes to ``now + ttl`` every ``ttl / 3``; any node that reads the blob
+  after that time deletes the lease and its keys.  Times are the clock port's
+  ``now()``, compared across nodes — as torch compares its nodes' heartbeat times — so
+  in real mode :meth:`DynamicRendezvousHandler.from_backend` runs on wall time
+  (:class:`~elastic.timer.wallclock.WallClock`) and the hosts' clocks must agree to
+  well within the time-to-live (NTP).
 * Deletions leave a tombstone (the last 1,024) so a watch sees them; a watch older than
   the oldest tombstone (``floor``) returns at once (a spurious wake-up is allowed by the
   port, a missed one is not).
@@ -126,7 +129,7 @@ class _State:
         kv: dict[str, tuple[bytes, int, int]] | None = None,
         tomb: dict[str, int] | None = None,
         floor: int = 0,
-        leases: dict[int, tuple[float, int]] | None = None,
+        leases: dict[int, tuple[float, float]] | None = None,
         next_lease: int = 1,
     ) -> None:
         self.rev = rev
@@ -170,7 +173,7 @@ class _State:
             },
             "tomb": self.tomb,
             "floor": self.floor,
-            "leases": {str(i): [ttl, beat] for i, (ttl, beat) in self.leases.items()},
+            "leases": {str(i): [ttl, exp] for i, (ttl, exp) in self.leases.items()},
             "next_lease": self.next_lease,
         }
         return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
@@ -196,7 +199,7 @@ class _State:
                 str(k): (base64.b64decode(v, validate=True), int(mod), int(lid))
                 for k, (v, mod, lid) in obj["kv"].items()
             }
-            leases = {int(i): (float(ttl), int(beat)) for i, (ttl, beat) in obj["leases"].items()}
+            leases = {int(i): (float(ttl), float(exp)) for i, (ttl, exp) in obj["leases"].items()}
             return _State(
                 int(obj["rev"]),
                 kv,
@@ -210,7 +213,7 @@ class _State:
 
 
 class _BackendLease(Lease):
-    """A lease held in the blob: its owner bumps its beat every ``ttl / 3``."""
+    """A lease held in the blob: its owner pushes its expiry every ``ttl / 3``."""
 
     def __init__(self, store: BackendStore, lease_id: int, ttl: float) -> None:
         self.id = lease_id
@@ -240,8 +243,8 @@ class _BackendLease(Lease):
         def beat(st: _State) -> bool:
             if lid not in st.leases:
                 return False
-            ttl, n = st.leases[lid]
-            st.leases[lid] = (ttl, n + 1)
+            ttl, _ = st.leases[lid]
+            st.leases[lid] = (ttl, self._store._clock.now() + ttl)
             st.dirty = True
             return True
 
@@ -266,8 +269,6 @@ class BackendStore:
         self._backend = backend
         self._clock = clock
         self._poll = poll_interval
-        # lease id -> (beat, our clock when we first saw that beat)
-        self._seen: dict[int, tuple[int, float]] = {}
         self._mine: dict[int, _BackendLease] = {}
 
     @property
@@ -283,16 +284,7 @@ class BackendStore:
 
     def _dead_leases(self, st: _State) -> list[int]:
         now = self._clock.now()
-        dead = []
-        for lid, (_, beat) in st.leases.items():
-            seen = self._seen.get(lid)
-            if seen is None or seen[0] != beat:
-                self._seen[lid] = (beat, now)
-            elif now - seen[1] >= st.leases[lid][0] and not self._holds(lid):
-                dead.append(lid)
-        for lid in [i for i in self._seen if i not in st.leases]:
-            del self._seen[lid]
-        return dead
+        return [lid for lid, (_, exp) in st.leases.items() if exp <= now and not self._holds(lid)]
 
     def _holds(self, lid: int) -> bool:
         lease = self._mine.get(lid)
@@ -437,7 +429,7 @@ class BackendStore:
         def grant(st: _State) -> int:
             lid = st.next_lease
             st.next_lease += 1
-            st.leases[lid] = (float(ttl), 0)
+            st.leases[lid] = (float(ttl), self._clock.now() + ttl)
             st.dirty = True
             return lid
 

@@ -370,7 +370,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             keep_alive_interval, keep_alive_max_attempt: a node is dead after
                 ``interval * max_attempt`` seconds without a keep-alive.
 
-        Extras (keyword-only): ``clock`` and ``node_id`` (default: real mode's clock and
+        Extras (keyword-only): ``clock`` and ``node_id`` (default: real mode's wall clock
+        — lease expiry in a backend compares times across nodes, as torch does — and
         torch's ``addr_pid_localid``); ``poll_interval`` — how often a waiting node
         re-reads the backend (torch: 1 s); ``sync_runner`` for the blocking API.
         """
@@ -384,9 +385,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
             from elastic.real.rdzv_context import shared_loop
 
             if clock is None:
-                from elastic.real.clock import AsyncioClock
+                # leases in a backend compare times across nodes, as torch's heartbeats
+                from elastic.timer.wallclock import WallClock
 
-                clock = AsyncioClock()
+                clock = WallClock()
                 sync_runner = sync_runner or shared_loop().run
             local_addr = local_addr or fqdn()
             node_id = node_id or make_node_id(local_addr)
