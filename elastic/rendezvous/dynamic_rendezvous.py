@@ -811,5 +811,7 @@ def create_port_handler(
         )
         handler.sync_runner = ctx.sync_runner
         return handler
+    except ConfigError:  # a ValueError too, already naming its flag
+        raise
     except (ValueError, TypeError) as e:
         raise ConfigError("--rdzv-conf", str(e)) from None
