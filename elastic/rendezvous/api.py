@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
@@ -57,9 +57,21 @@ __all__ = [
     "SyncRunner",
     "SyncStore",
     "ThreadRunner",
+    "ThreadedStore",
 ]
 
 T = TypeVar("T")
+
+
+def __getattr__(name: str) -> Any:
+    """torch keeps the registry in ``api``; ours lives in :mod:`.registry` (it imports us)."""
+    if name in ("rendezvous_handler_registry", "RendezvousHandlerRegistry"):
+        from elastic.rendezvous import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 SyncRunner = Callable[[Coroutine[Any, Any, Any]], Any]
 #: Runs a blocking call in a worker thread and awaits its result (real mode only).
 ThreadRunner = Callable[[Callable[[], Any]], Awaitable[Any]]
@@ -246,6 +258,70 @@ class SyncStore:
         return n
 
 
+class ThreadedStore:
+    """The store port over a blocking store with torch's methods, each call in a thread.
+
+    What the agent needs of a synchronous handler's store (``set``, ``get``, ``add``,
+    ``compare_set``, ``wait``, ``delete``, ``multi_get``, ``multi_set``, ``try_get``).
+    Leases, snapshots and watches are not in torch's ``Store``: they raise
+    ``NotImplementedError`` naming the method.
+    """
+
+    def __init__(self, store: Any, runner: ThreadRunner) -> None:
+        self.store = store
+        self._run = runner
+
+    async def _call(self, name: str, *args: Any) -> Any:
+        method = getattr(self.store, name)
+        return await self._run(lambda: method(*args))
+
+    async def set(self, key: str, value: bytes, *, lease: Any = None) -> None:
+        if lease is not None:
+            raise NotImplementedError("a torch Store has no leases: set(lease=) is not supported")
+        await self._call("set", key, value)
+
+    async def get(self, key: str, timeout: float | None = None) -> bytes:
+        if timeout is not None:
+            await self._call("wait", [key], timedelta(seconds=timeout))
+        return bytes(await self._call("get", key))
+
+    async def try_get(self, key: str) -> bytes | None:
+        if not await self._call("check", [key]):
+            return None
+        return bytes(await self._call("get", key))
+
+    async def add(self, key: str, amount: int) -> int:
+        return int(await self._call("add", key, amount))
+
+    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+        return bytes(await self._call("compare_set", key, expected or b"", desired))
+
+    async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        if timeout is None:
+            await self._call("wait", list(keys))
+        else:
+            await self._call("wait", list(keys), timedelta(seconds=timeout))
+
+    async def delete(self, key: str) -> bool:
+        return bool(await self._call("delete_key", key))
+
+    async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        await self.wait(keys, timeout)
+        return [bytes(v) for v in await self._call("multi_get", list(keys))]
+
+    async def multi_set(self, items: Mapping[str, bytes]) -> None:
+        await self._call("multi_set", list(items), list(items.values()))
+
+    async def grant_lease(self, ttl: float) -> Any:
+        raise NotImplementedError("a torch Store has no leases: grant_lease() is not supported")
+
+    async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
+        raise NotImplementedError("a torch Store has no snapshots: snapshot() is not supported")
+
+    async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
+        raise NotImplementedError("a torch Store has no watches: watch() is not supported")
+
+
 class RendezvousInfo:
     """Holds the information about the rendezvous."""
 
@@ -423,9 +499,22 @@ class RendezvousHandler(ABC):
 
     # the asynchronous face ------------------------------------------------------------
     async def next_rendezvous_async(self) -> RendezvousInfo:
-        """Main entry-point into the rendezvous barrier."""
+        """Main entry-point into the rendezvous barrier.
+
+        For a synchronous handler, the info's store is made the store port: a
+        :class:`SyncStore` gives back its port; another blocking store (torch's
+        ``Store`` methods) is called in threads (:class:`ThreadedStore`).
+        """
         info: RendezvousInfo = await self._in_thread("next_rendezvous")
-        return info
+        store = info.store
+        if isinstance(store, SyncStore):
+            store = store.port
+        elif not inspect.iscoroutinefunction(getattr(store, "get", None)):
+            assert self.thread_runner is not None
+            store = ThreadedStore(store, self.thread_runner)
+        return RendezvousInfo(
+            store, info.rank, info.world_size, info.bootstrap_store_info, info.round
+        )
 
     async def watch_async(self) -> str:
         """Wait until the current round should end; return why.
