@@ -33,7 +33,7 @@ def _plugins() -> dict[str, Callable[[Sequence[str]], int]]:
 
 def run_main(argv: Sequence[str]) -> int:
     launcher = importlib.import_module("elastic.run")
-    code: int = launcher.main(list(argv))
+    code: int = launcher.cli_main(list(argv))
     return code
 
 

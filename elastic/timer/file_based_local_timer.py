@@ -26,6 +26,10 @@ timer — and keeps a write end open itself so the pipe does not report end-of-f
 between clients.  Requests go through a :class:`~elastic.timer.guard.ReapGuard`:
 only this agent's worker pids and the allowed signals.
 
+A worker that has already exited (gone, or a zombie awaiting its parent) has its timers
+dropped without a signal and without reporting a kill, as torch's ``clear_timers``
+drops the timers of processes no longer running.
+
 Unlike torch, after reaping a worker the server does **not** send the same signal to its
 own process: it reports the reap (``log_event("kill worker process", request)`` and
 ``on_reap(Reaped)``) and the agent goes on with its restart policy.
@@ -54,7 +58,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from elastic.errors import ConfigError
+from elastic.timer import debug_info_logging
 from elastic.timer.api import TimerClient, TimerError, TimerRequest
 from elastic.timer.guard import DEFAULT_ALLOWED_SIGNALS, Reaped, ReapGuard
 from elastic.timer.serving import DriverThread
@@ -441,6 +448,16 @@ class FileTimerServer:
             return False
         return True
 
+    @staticmethod
+    def _exited(pid: int) -> bool:
+        """Gone, or a zombie: it ran its last instruction and cannot be reaped again."""
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:
+            return False
+
     def set_worker_pids(self, pids: Iterable[int] | None) -> None:
         """Allow only these workers (and descendants); drop timers of the others."""
         self.guard.set_worker_pids(pids)
@@ -472,8 +489,17 @@ class FileTimerServer:
             if request.signal > 0:
                 chosen = request
                 break
+        debug_info_logging.log_debug_info_for_expired_timers(
+            self._run_id, {pid: [r.to_json() for r in expired]}
+        )
         if chosen is None:
             log.info("No signal specified with worker=[%s]. Do not reap it.", pid)
+            return True
+        if self._exited(pid):  # torch drops an exited process's timers: no kill to report
+            log.info("Process with pid=%s does not exist. Skipping", pid)
+            return True
+        if not self.guard.pid_allowed(pid):  # not ours (any more): dropped, not signalled
+            log.warning("dropping the timers of pid %s: not a worker of this agent", pid)
             return True
         log.info("Reaping worker_pid=[%s]. Expired timers: %s", pid, [r.scope_id for r in expired])
         if not self._reap_worker(pid, chosen.signal):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import inspect
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -223,8 +224,59 @@ class _Outcome(enum.Enum):
     HEALTH = 2
 
 
+#: torch's documented ``SimpleElasticAgent`` hooks (seed 001).  Ours that exist are
+#: coroutines; the others have no counterpart in the event-driven loop (worker exits are
+#: awaited, not monitored; stopping is the workers port's), so an override would never
+#: be called.  A subclass overriding one the wrong way is refused at construction.
+TORCH_HOOKS = (
+    "_assign_worker_ranks",
+    "_exit_barrier",
+    "_get_master_addr_port",
+    "_initialize_workers",
+    "_monitor_workers",
+    "_rendezvous",
+    "_restart_workers",
+    "_set_master_addr_port",
+    "_share_and_gather",
+    "_shutdown",
+    "_start_workers",
+    "_stop_workers",
+)
+
+
+def torch_hook_refusal(cls: type) -> str | None:
+    """Why an agent class overriding torch's hooks cannot run, or ``None`` if it can."""
+    for name in TORCH_HOOKS:
+        mine = getattr(cls, name, None)
+        ours = getattr(SimpleElasticAgent, name, None)
+        if mine is None or mine is ours:
+            continue
+        if ours is None:
+            return (
+                f"{cls.__qualname__}.{name} overrides torch's hook, which elastic's "
+                "event-driven agent never calls (worker exits are awaited and the workers "
+                "port stops the group): subclass LocalElasticAgent or override the "
+                "async hooks _rendezvous, _start_workers, _initialize_workers, "
+                "_restart_workers or _exit_barrier instead"
+            )
+        if inspect.iscoroutinefunction(ours) and not inspect.iscoroutinefunction(mine):
+            return (
+                f"{cls.__qualname__}.{name} is synchronous (torch's signature), but "
+                f"elastic's agent awaits it on its event loop: declare it `async def {name}` "
+                "(call blocking code in it with `await self.clock.run_in_thread(fn)` in "
+                "real mode)"
+            )
+    return None
+
+
 class SimpleElasticAgent(ElasticAgent):
-    """The elastic agent, event-driven, over the clock, store and workers ports."""
+    """The elastic agent, event-driven, over the clock, store and workers ports.
+
+    A subclass may override the asynchronous hooks (``_rendezvous``, ``_start_workers``,
+    ``_initialize_workers``, ``_restart_workers``, ``_exit_barrier``).  One that
+    overrides torch's synchronous hooks is refused at construction with a ``TypeError``
+    naming the hook (see :func:`torch_hook_refusal`).
+    """
 
     def __init__(
         self,
@@ -241,6 +293,9 @@ class SimpleElasticAgent(ElasticAgent):
         env_hooks: list[EnvHook] | None = None,
         rank_exchange_timeout: float = 600,
     ) -> None:
+        refusal = torch_hook_refusal(type(self))
+        if refusal is not None:
+            raise TypeError(refusal)
         self._worker_group = WorkerGroup(spec)
         self._remaining_restarts = spec.max_restarts
         self._store: Store | None = None
@@ -334,6 +389,8 @@ class SimpleElasticAgent(ElasticAgent):
         """Run the agent; ``None`` when this node exits gracefully from the rendezvous."""
         start = self.clock.now()
         spec = self._worker_group.spec
+        # a torch-style synchronous handler runs in threads (real) or is refused (sim)
+        spec.rdzv_handler.bind_clock(self.clock, spec.monitor_interval)
         self._emit("agent.start", max_restarts=spec.max_restarts)
         result: RunResult | None = None
         try:

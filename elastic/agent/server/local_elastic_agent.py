@@ -62,7 +62,7 @@ from elastic.agent.server.api import (
     WorkerGroup,
     WorkerSpec,
 )
-from elastic.errors import ConfigError, ElasticError
+from elastic.errors import ConfigError
 from elastic.events import EventSink
 from elastic.ids import uuid4_str
 from elastic.multiprocessing.api import LogsSpecs
@@ -91,21 +91,8 @@ DEFAULT_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 #: The NVIDIA driver's control device: without it NVML cannot start.
 NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
 
-
-class SignalException(ElasticError):
-    """The agent received a termination signal (torch's name; ``sigval`` is the signal).
-
-    Raised by :meth:`LocalElasticAgent.run` after the workers were stopped with the
-    same signal; ``elastic run`` exits 1, as torchrun does.
-    """
-
-    def __init__(self, msg: str, sigval: signal.Signals) -> None:
-        super().__init__(msg, sigval)
-        self.msg = msg
-        self.sigval = sigval
-
-    def __str__(self) -> str:
-        return self.msg
+# torch defines it in elastic.multiprocessing.api; the agent raises it
+from elastic.multiprocessing.api import SignalException  # noqa: E402
 
 
 def parse_signals(names: str) -> list[signal.Signals]:
