@@ -463,3 +463,27 @@ def test_run_main_raises_value_error_where_torch_does(argv: list[str]) -> None:
 
     with pytest.raises(ValueError):
         main(["--standalone", *argv])
+
+
+def test_a_private_registry_behaves_as_torchs_registry_test_expects() -> None:
+    from elastic.rendezvous import RendezvousHandlerRegistry
+
+    class Dummy(TorchStyleHandler):
+        def __init__(self, params: RendezvousParameters) -> None:
+            super().__init__()
+            self.params = params
+
+        def get_backend(self) -> str:
+            return "dummy_backend"
+
+    def create(params: RendezvousParameters) -> RendezvousHandler:
+        return Dummy(params)
+
+    reg = RendezvousHandlerRegistry()
+    params = RendezvousParameters("dummy_backend", "dummy_endpoint", "dummy_run_id", 1, 1)
+    with pytest.raises(ValueError, match=r"is not registered\. Did you forget to call `register`"):
+        reg.create_handler(params)
+    reg.register("dummy_backend", create)
+    reg.register("dummy_backend", create)
+    handler = reg.create_handler(params)
+    assert isinstance(handler, Dummy) and handler.params is params
