@@ -487,3 +487,21 @@ def test_a_private_registry_behaves_as_torchs_registry_test_expects() -> None:
     reg.register("dummy_backend", create)
     handler = reg.create_handler(params)
     assert isinstance(handler, Dummy) and handler.params is params
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("backend", "conf"),
+    [("c10d", {}), ("etcd-v2", {}), ("etcd", {"last_call_timeout": 1}), ("static", {"rank": 0})],
+)
+def test_get_rendezvous_handler_with_params_alone_works_for_every_builtin_backend(
+    backend: str, conf: dict[str, Any]
+) -> None:
+    params = RendezvousParameters(backend, "localhost:0", f"alone-{backend}", 1, 1, **conf)
+    h = get_rendezvous_handler(params)
+    assert h.get_backend() == backend
+    info = h.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    info.store.set("k", b"v")
+    assert info.store.get("k") == b"v"
+    h.shutdown()
