@@ -308,6 +308,9 @@ def test_rendezvous_info_store_offers_torchs_blocking_store_methods(
     store.wait(["a", "m1"], timedelta(seconds=1))
     with pytest.raises(TimeoutError):
         store.wait(["never"], timedelta(milliseconds=50))
+    store.timeout = 0.05  # the store's own timeout bounds a get, as torch's does
+    with pytest.raises(TimeoutError):
+        store.get("never")
     assert store.check(["a", "m2"]) and not store.check(["a", "never"])
     before = store.num_keys()
     assert store.delete_key("a") and not store.delete_key("a")
