@@ -123,5 +123,5 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
 
     ctx = default_context(params)
     assert ctx.sync_runner is not None
-    store = SyncStore(ctx.store, ctx.sync_runner)
+    store = SyncStore(ctx.store, ctx.sync_runner, timeout=float(read_timeout))
     return C10dRendezvousBackend(store, params.run_id), store

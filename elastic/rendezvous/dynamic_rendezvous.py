@@ -55,7 +55,7 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from elastic._records import Frozen, set_fields
 from elastic.clock import Clock
@@ -81,9 +81,11 @@ from elastic.rendezvous.api import (
     SyncRunner,
     SyncStore,
 )
-from elastic.rendezvous.backend_store import BackendStore, RendezvousBackend, Token
 from elastic.rendezvous.prefix_store import PrefixStore
 from elastic.store import Lease, Store
+
+if TYPE_CHECKING:
+    from elastic.rendezvous.backend_store import RendezvousBackend, Token
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
@@ -99,6 +101,21 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_MASTER_PORT = 29500
+
+
+def __getattr__(name: str) -> Any:
+    """torch's ``RendezvousBackend`` and ``Token`` (defined in :mod:`.backend_store`).
+
+    Imported on first use: ``elastic run`` builds the store-port handler and never
+    needs them (they are off the launch's import path).
+    """
+    if name in ("RendezvousBackend", "Token"):
+        from elastic.rendezvous import backend_store
+
+        return getattr(backend_store, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 #: Values we read back are small; anything bigger is not ours.
 MAX_STATE_BYTES = 4 * 1024 * 1024
 _VERSION = 1
@@ -403,6 +420,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             timedelta(seconds=keep_alive_interval),
             keep_alive_max_attempt,
         )
+        from elastic.rendezvous.backend_store import BackendStore
+
         handler = cls(
             node_id,
             local_addr or node_id,

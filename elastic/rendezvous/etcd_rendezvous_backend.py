@@ -134,5 +134,7 @@ def create_backend(params: RendezvousParameters) -> tuple[EtcdRendezvousBackend,
         key_prefix="/torch/elastic/rendezvous",
         sync_runner=ctx.sync_runner,
     )
-    store = SyncStore(PrefixStore(ctx.store, "/torch/elastic/store/"), ctx.sync_runner)
+    store = SyncStore(
+        PrefixStore(ctx.store, "/torch/elastic/store/"), ctx.sync_runner, float(read_timeout)
+    )
     return backend, store
