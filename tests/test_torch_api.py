@@ -112,24 +112,9 @@ SEED_NAMES: list[tuple[str, str | None]] = [
     ("elastic.run", "main"),
 ]
 
-# Written by the etcd helper (elastic/rendezvous/etcd_store.py, etcd_server.py): strict,
-# so this list must be emptied the day they land.
-NOT_YET = {"elastic.rendezvous.etcd_store", "elastic.rendezvous.etcd_server"}
-
-
 @pytest.mark.parametrize(
     ("module", "name"),
-    [
-        pytest.param(
-            m,
-            n,
-            marks=[pytest.mark.xfail(strict=True, reason="the etcd helper's")]
-            if m in NOT_YET
-            else [],
-            id=f"{m}:{n}" if n else m,
-        )
-        for m, n in SEED_NAMES
-    ],
+    [pytest.param(m, n, id=f"{m}:{n}" if n else m) for m, n in SEED_NAMES],
 )
 def test_every_documented_name_imports_at_torchs_path(module: str, name: str | None) -> None:
     mod = importlib.import_module(module)
