@@ -6,6 +6,7 @@ imported at torch's path with ``torch.distributed.elastic`` replaced by ``elasti
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 from collections.abc import Iterator, Sequence
@@ -477,7 +478,7 @@ def test_a_private_registry_behaves_as_torchs_registry_test_expects() -> None:
     assert isinstance(handler, Dummy) and handler.params is params
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize(
     ("backend", "conf"),
     [("c10d", {}), ("etcd-v2", {}), ("etcd", {"last_call_timeout": 1}), ("static", {"rank": 0})],
@@ -485,11 +486,18 @@ def test_a_private_registry_behaves_as_torchs_registry_test_expects() -> None:
 def test_get_rendezvous_handler_with_params_alone_works_for_every_builtin_backend(
     backend: str, conf: dict[str, Any]
 ) -> None:
-    params = RendezvousParameters(backend, "localhost:0", f"alone-{backend}", 1, 1, **conf)
-    h = get_rendezvous_handler(params)
-    assert h.get_backend() == backend
-    info = h.next_rendezvous()
-    assert (info.rank, info.world_size) == (0, 1)
-    info.store.set("k", b"v")
-    assert info.store.get("k") == b"v"
-    h.shutdown()
+    with contextlib.ExitStack() as stack:
+        endpoint = "localhost:0"
+        if backend.startswith("etcd"):  # torch's etcd backends connect to the endpoint's etcd
+            from tests.etcd_servers import EtcdCluster, etcd_binary
+
+            cluster = stack.enter_context(EtcdCluster(etcd_binary("distro")))
+            endpoint = cluster.endpoints[0]
+        params = RendezvousParameters(backend, endpoint, f"alone-{backend}", 1, 1, **conf)
+        h = get_rendezvous_handler(params)
+        assert h.get_backend() == backend
+        info = h.next_rendezvous()
+        assert (info.rank, info.world_size) == (0, 1)
+        info.store.set("k", b"v")
+        assert info.store.get("k") == b"v"
+        h.shutdown()
