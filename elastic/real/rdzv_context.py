@@ -78,9 +78,7 @@ def default_context(params: RendezvousParameters) -> RendezvousContext:
     )
     loop = shared_loop()
     clock = AsyncioClock()
-    in_process = (
-        params.max_nodes <= 1 and params.backend in ("c10d", "static") and _is_local(host)
-    )
+    in_process = params.max_nodes <= 1 and params.backend in ("c10d", "static") and _is_local(host)
     with _lock:
         key = (params.backend, host, port)
         store = _stores.get(key)
