@@ -479,17 +479,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # --- from arguments to a launch config ----------------------------------------------
 
 
+class NnodesError(ConfigError, RuntimeError):
+    """A ``--nnodes`` of more than two parts: torch raises ``RuntimeError`` there."""
+
+
 def parse_min_max_nnodes(nnodes: str) -> tuple[int, int]:
-    """``"4"`` → (4, 4); ``"1:4"`` → (1, 4); checks 0 < MIN ≤ MAX."""
+    """``"4"`` → (4, 4); ``"1:4"`` → (1, 4); checks 0 < MIN ≤ MAX.
+
+    Raises :class:`~elastic.errors.ConfigError` (a ``ValueError``, as torch's ``int()``
+    does for a non-number) and, for three or more parts, :class:`NnodesError` (also a
+    ``RuntimeError``, torch's exception for that input).
+    """
     expected = "expected N or MIN:MAX with 0 < MIN <= MAX (e.g. 2 or 1:4)"
     parts = nnodes.split(":")
+    if len(parts) > 2:
+        raise NnodesError("--nnodes", f"got {nnodes!r}; {expected}")
     try:
         if len(parts) == 1:
             lo = hi = int(parts[0])
-        elif len(parts) == 2:
-            lo, hi = int(parts[0]), int(parts[1])
         else:
-            raise ValueError(nnodes)
+            lo, hi = int(parts[0]), int(parts[1])
     except ValueError:
         raise ConfigError("--nnodes", f"got {nnodes!r}; {expected}") from None
     if not 0 < lo <= hi:
