@@ -834,7 +834,9 @@ class NetStoreClient:
         lost_since: float | None = None
         backoff = 0.02
         while True:
-            link = await self._ensure_link(self.read_timeout)
+            link = self._link  # the common case costs no extra coroutine
+            if link is None or link.lost:
+                link = await self._ensure_link(self.read_timeout)
             if instance and link.instance != instance:
                 raise _NewInstance(link.revision)
             try:
