@@ -98,6 +98,19 @@ class HostedStore:
         self.store = MemoryStore(self.clock)
         self.instance = secrets.token_hex(8)
         self.leases: dict[int, _ServerLease] = {}
+        self._prune_at = 1024
+
+    def add(self, lease: _ServerLease) -> None:
+        """Track a granted lease; expired ones are dropped in amortised O(1) per grant."""
+        self.leases[lease.id] = lease
+        if len(self.leases) >= self._prune_at:
+            self.prune()
+            self._prune_at = max(1024, 2 * len(self.leases))
+
+    def prune(self) -> None:
+        """Forget leases that have expired (their keys are already gone)."""
+        for lease_id in [i for i, x in self.leases.items() if not x.alive()]:
+            del self.leases[lease_id]
 
     def lease(self, lease_id: int) -> _ServerLease:
         lease = self.leases.get(lease_id)
@@ -114,6 +127,10 @@ class _LeaseGone(StoreError):
     pass
 
 
+class _Limit(StoreError):
+    pass
+
+
 def _error_kind(e: BaseException) -> str:
     if isinstance(e, TimeoutError):
         return "timeout"
@@ -121,6 +138,8 @@ def _error_kind(e: BaseException) -> str:
         return "closed"
     if isinstance(e, _LeaseGone):
         return "lease"
+    if isinstance(e, _Limit):
+        return "limit"
     return "store"
 
 
@@ -135,6 +154,7 @@ class StoreServer:
         token: str | None = None,
         max_connections: int = 1024,
         max_watches_per_connection: int = 1024,
+        max_leases_per_connection: int = 1024,
         max_frame: int = MAX_FRAME,
         max_write_buffer: int = 2 * MAX_FRAME,
         handshake_timeout: float = 10.0,
@@ -146,6 +166,7 @@ class StoreServer:
         self._token = token
         self.max_connections = max_connections
         self.max_watches_per_connection = max_watches_per_connection
+        self.max_leases_per_connection = max_leases_per_connection
         self.max_frame = max_frame
         self.max_write_buffer = max_write_buffer
         self.handshake_timeout = handshake_timeout
@@ -403,9 +424,18 @@ class _ServerConn:
             rev, data = await store.snapshot(a[0])
             return [rev, data]
         if op == "grant_lease":
+            if len(self.owned) >= self.server.max_leases_per_connection:
+                self.owned = {i for i in self.owned if i in hosted.leases}
+                hosted.prune()
+                if len(self.owned) >= self.server.max_leases_per_connection:
+                    raise _Limit(
+                        f"grant_lease: this connection holds "
+                        f"{self.server.max_leases_per_connection} leases "
+                        "(max_leases_per_connection); revoke some first"
+                    )
             lease = cast(_ServerLease, await store.grant_lease(a[0]))
             lease.abandon()  # the expiry timer runs from now; keepalives push it back
-            hosted.leases[lease.id] = lease
+            hosted.add(lease)
             self.owned.add(lease.id)
             return lease.id
         if op == "keepalive":
