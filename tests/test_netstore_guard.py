@@ -355,3 +355,25 @@ def test_expired_leases_are_forgotten_so_a_long_lived_client_can_keep_granting()
             await c.aclose()
 
     run(body)
+
+
+def test_incomplete_frames_of_all_connections_together_are_bounded() -> None:
+    async def body() -> None:
+        async with serving(max_frame=64 * 1024, max_buffered=100_000) as server:
+            good = await client(server)
+            raws = []
+            for _ in range(2):  # each holds most of a 60 kB frame; two exceed 100 kB
+                raw = await Raw.open(server)
+                await raw.send(encode_request(1, "hello", None))
+                assert (await raw.reply()).ok
+                await raw.send((60_000).to_bytes(4, "big") + b"\x00" * 59_000)
+                raws.append(raw)
+            replies = await raws[1].replies_until_closed()
+            assert [(r.id, r.kind) for r in replies] == [(0, "limit")]
+            assert "max_buffered 100000" in replies[0].message
+            assert server.connections == 2  # the first is still served
+            await good.set("k", b"v")
+            raws[0].writer.close()
+            await good.aclose()
+
+    run(body)

@@ -24,7 +24,9 @@ connection is closed.  The token is never logged.
 What a bad peer costs the server: only its own connection.  Malformed, truncated or
 oversized frames, a failed handshake, a reader too slow to drain its replies (the write
 buffer is bounded) and a silent peer (idle timeout; good clients ping) each end that
-connection and nothing else.
+connection and nothing else.  Memory is bounded too: before authentication a frame may
+hold 4 KiB; incomplete frames of all connections together hold at most ``max_buffered``
+bytes; connections, waits and leases per connection are capped.
 
 The client rides out a store host that is briefly unreachable: it reconnects with
 back-off for at most ``read_timeout`` seconds, then raises a :class:`StoreError` naming
@@ -157,6 +159,7 @@ class StoreServer:
         max_leases_per_connection: int = 1024,
         max_frame: int = MAX_FRAME,
         max_write_buffer: int = 2 * MAX_FRAME,
+        max_buffered: int = 8 * MAX_FRAME,
         handshake_timeout: float = 10.0,
         idle_timeout: float = 60.0,
         hosted: HostedStore | None = None,
@@ -169,6 +172,8 @@ class StoreServer:
         self.max_leases_per_connection = max_leases_per_connection
         self.max_frame = max_frame
         self.max_write_buffer = max_write_buffer
+        self.max_buffered = max_buffered
+        self.buffered = 0  # bytes of incomplete frames held, all connections together
         self.handshake_timeout = handshake_timeout
         self.idle_timeout = idle_timeout
         self.hosted = hosted or HostedStore()
@@ -259,6 +264,7 @@ class _ServerConn:
         self.owned: set[int] = set()
         self.started = self.last_rx = 0.0
         self.timer: asyncio.TimerHandle | None = None
+        self.held = 0  # this connection's share of server.buffered
 
     # -- writing ----------------------------------------------------------------------
     def send(self, frame: bytes) -> None:
@@ -300,7 +306,20 @@ class _ServerConn:
                 return
             self.last_rx = loop.time()
             try:
-                for body in self.decoder.feed(data):
+                frames = self.decoder.feed(data)
+                held = self.decoder.buffered
+                self.server.buffered += held - self.held
+                self.held = held
+                if held and self.server.buffered > self.server.max_buffered:
+                    # many peers each sending most of a large frame: refuse the one that
+                    # pushed the total over, so memory stays bounded whatever they do
+                    self.fail(
+                        "limit",
+                        f"the store holds {self.server.buffered} bytes of incomplete frames "
+                        f"(max_buffered {self.server.max_buffered}); send whole frames",
+                    )
+                    return
+                for body in frames:
                     req = decode_request(body, self.decoder.max_frame)
                     if not self.authed and not self.handshake(req):
                         return
@@ -464,6 +483,8 @@ class _ServerConn:
     def teardown(self) -> None:
         """The connection is gone: stop its waits; its leases expire ``ttl`` from now."""
         self.dead = True
+        self.server.buffered -= self.held
+        self.held = 0
         if self.timer is not None:
             self.timer.cancel()
         for task in self.pending.values():
