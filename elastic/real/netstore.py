@@ -625,6 +625,8 @@ def _raise_for(kind: str, message: str) -> None:
         raise TimeoutError(message)
     if kind == "closed":
         raise StoreClosedError(message)
+    if kind == "lease":
+        raise _LeaseGone(message)
     raise StoreError(message)
 
 
@@ -681,11 +683,11 @@ class NetLease(Lease):
             await self._client._request("keepalive", lambda: (self.id,), retry=True)
         except StoreClosedError:
             return
-        except StoreError as e:
-            if "unknown to this store" in str(e):
-                self._expired()
-            else:
-                logger.debug("renewing lease %d failed: %s", self.id, e)
+        except _LeaseGone:
+            self._expired()
+            return
+        except StoreError as e:  # unreachable for now: the next renewal tries again
+            logger.debug("renewing lease %d failed: %s", self.id, e)
             return
         self._renewed_at = self._client._clock.now()
 
@@ -930,7 +932,12 @@ class NetStoreClient:
     async def set(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
         v = _bytes(key, value)
         lid = self._lease_id(lease)
-        await self._request("set", lambda: (key, v, lid), retry=True)
+        try:
+            await self._request("set", lambda: (key, v, lid), retry=True)
+        except _LeaseGone:
+            if isinstance(lease, NetLease):
+                lease._expired()
+            raise
 
     def _lease_id(self, lease: Lease | None) -> int | None:
         if lease is None:
