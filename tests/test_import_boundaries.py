@@ -47,6 +47,7 @@ MUST_BE_PURE = [
     "elastic/agent/server/api.py",
     "elastic/rendezvous/_core.py",
     "elastic/rendezvous/dynamic.py",
+    "elastic/rendezvous/dynamic_rendezvous.py",
     "elastic/rendezvous/static.py",
     "elastic/rendezvous/api.py",
     "elastic/timer/table.py",

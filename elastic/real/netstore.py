@@ -180,6 +180,7 @@ class StoreServer:
         self._server: asyncio.Server | None = None
         self._conns: set[_ServerConn] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._idle_waiters: list[asyncio.Future[None]] = []
 
     def __repr__(self) -> str:  # never shows the token
         return f"StoreServer({self.address!r}, auth={self._token is not None})"
@@ -213,6 +214,22 @@ class StoreServer:
             await self._server.wait_closed()
             self._server = None
 
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no client is connected, at most ``timeout`` s; True if none is.
+
+        A store host calls it before it closes, so the other agents' last writes (the
+        exit barrier, closing the rendezvous) are not cut off by the first to finish.
+        """
+        if not self._conns:
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._idle_waiters.append(fut)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            return False
+        return True
+
     def _token_ok(self, given: str | None) -> bool:
         if self._token is None:
             return True
@@ -243,6 +260,11 @@ class StoreServer:
             self._conns.discard(conn)
             conn.teardown()
             self._handlers.discard(task)
+            if not self._conns:
+                for fut in self._idle_waiters:
+                    if not fut.done():
+                        fut.set_result(None)
+                self._idle_waiters.clear()
 
 
 class _ServerConn:

@@ -1,0 +1,792 @@
+"""The store port over etcd's v3 API (gRPC): the rendezvous store of a real cluster.
+
+Theory of operation
+-------------------
+The port was drawn after etcd v3, so the mapping is direct:
+
+=================  ==========================================================
+port               etcd v3
+=================  ==========================================================
+revision           etcd's store revision; a key's revision is its mod revision
+get / wait         ``Range``; if absent, a ``Watch`` on the key from the
+                   range's revision + 1 until a put (no polling)
+add                ``Txn``: compare mod revision, put ``n + amount``; on a lost
+                   race the failure branch reads the new value and we retry
+compare_set        ``Txn``: compare value (``None``: create revision == 0)
+multi_get / _set   one ``Txn`` of ranges / puts (one revision)
+lease              ``LeaseGrant`` (whole seconds, at least etcd's minimum);
+                   one keep-alive stream per client renews every lease at
+                   ``ttl / 3``; ``abandon`` renews once more then stops, so
+                   etcd expires it ``ttl`` after the abandon, not before
+snapshot           ``Range`` over the prefix with the header's revision
+watch              ``Watch`` from ``after + 1``; a compacted revision returns the
+                   current revision (the caller re-reads with ``snapshot``)
+=================  ==========================================================
+
+Every key is stored under ``prefix`` (default ``/elastic/``) so several jobs share a
+cluster; the port's keys are relative to it.
+
+Failures: a call that gets ``UNAVAILABLE`` (member down, no leader, leader changed)
+is retried on the next endpoint with a short back-off until ``read_timeout`` has
+passed, so a job rides out a leader change or one member down when it lists several
+endpoints.  Running out of time raises the builtin :class:`TimeoutError`; every other
+failure raises :class:`~elastic.errors.StoreError` naming the endpoint.  A write whose
+connection breaks after the request left may be retried and so applied twice (etcd's
+own client has the same window for non-idempotent requests); ``add`` and
+``compare_set`` are transactions, so a retried ``compare_set`` is harmless.
+
+``grpc`` and the etcd protobufs (from ``aetcd``) are imported by :meth:`connect`, not
+by this module, so ``elastic run`` with another backend never pays for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import math
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from elastic.errors import ConfigError, StoreClosedError, StoreError
+from elastic.memstore import StoreStats
+from elastic.real.clock import AsyncioClock
+from elastic.real.loop_thread import LoopThread
+from elastic.store import Lease
+
+__all__ = ["EtcdLease", "EtcdStoreClient", "parse_endpoint", "shared_loop"]
+
+T = TypeVar("T")
+
+# etcd's default --max-txn-ops: a multi_set above it cannot be one revision
+MAX_TXN_OPS = 128
+# one attempt on one endpoint never waits longer than this, so a member that hangs
+# (rather than refusing) is left for the next one well before read_timeout
+ATTEMPT_TIMEOUT = 10.0
+# gRPC keep-alive pings find a dead peer under a long watch; etcd refuses pings more
+# often than every 5 s (--grpc-keepalive-min-time), so 10 s
+_CHANNEL_OPTIONS = (
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+)
+
+
+_SHARED: LoopThread | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_loop() -> LoopThread:
+    """The process's one event loop for synchronous users of etcd (torch's API, tests).
+
+    ``grpc.aio`` binds its completion queue to the loops that use it: a second loop in
+    the process (a new ``asyncio.run``, or a loop per thread) makes it log spurious
+    "Event loop is closed" / ``BlockingIOError`` errors from its poller
+    (grpc/grpc#25364).  So every synchronous etcd client of a process shares this loop,
+    which lives as long as the process (a daemon thread).
+    """
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = LoopThread(name="elastic-etcd")
+        return _SHARED
+
+
+def parse_endpoint(endpoint: str) -> str:
+    """``host:port`` from ``host:port``, ``host`` (port 2379, as torch) or a URL."""
+    s = endpoint.strip()
+    for scheme in ("http://", "https://"):
+        if s.startswith(scheme):
+            s = s[len(scheme) :]
+    s = s.rstrip("/")
+    host, sep, port = s.rpartition(":")
+    if not sep:
+        host, port = s, "2379"
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or "/" in host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(
+            "etcd endpoint", f"{endpoint!r} is not host:port (for example 127.0.0.1:2379)"
+        )
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _range_end(prefix: bytes) -> bytes:
+    """The end of etcd's range holding every key that starts with ``prefix``."""
+    b = bytearray(prefix)
+    while b:
+        if b[-1] < 0xFF:
+            b[-1] += 1
+            return bytes(b)
+        b.pop()
+    return b"\0"  # every key
+
+
+class _Grpc:
+    """The lazily imported gRPC modules and etcd's protobuf classes."""
+
+    def __init__(self) -> None:
+        try:
+            import grpc
+            import grpc.aio
+            from aetcd import rpc
+        except ImportError as e:
+            raise ConfigError(
+                "--rdzv-backend etcd",
+                f"needs the etcd client ({e.name} is not installed): pip install 'elastic[etcd]'",
+            ) from None
+
+        self.grpc: Any = grpc
+        self.aio: Any = grpc.aio
+        self.rpc: Any = rpc
+        codes = grpc.StatusCode
+        self.retry = {codes.UNAVAILABLE}
+        self.deadline = codes.DEADLINE_EXCEEDED
+        self.cancelled = codes.CANCELLED
+        self.not_found = codes.NOT_FOUND
+
+
+_GRPC: _Grpc | None = None
+
+
+def _grpc() -> _Grpc:
+    global _GRPC
+    if _GRPC is None:
+        _GRPC = _Grpc()
+    return _GRPC
+
+
+class _Endpoint:
+    """One member: its channel and stubs, made on first use."""
+
+    __slots__ = ("channel", "kv", "lease", "maintenance", "name", "watch")
+
+    def __init__(self, name: str, g: _Grpc, credentials: Any) -> None:
+        self.name = name
+        if credentials is None:
+            self.channel: Any = g.aio.insecure_channel(name, options=_CHANNEL_OPTIONS)
+        else:
+            self.channel = g.aio.secure_channel(name, credentials, options=_CHANNEL_OPTIONS)
+        self.kv: Any = g.rpc.KVStub(self.channel)
+        self.lease: Any = g.rpc.LeaseStub(self.channel)
+        self.watch: Any = g.rpc.WatchStub(self.channel)
+        self.maintenance: Any = g.rpc.MaintenanceStub(self.channel)
+
+
+class EtcdLease(Lease):
+    """An etcd lease, renewed by its client's keep-alive stream while alive."""
+
+    __slots__ = ("_abandoned_at", "_client", "_state", "id", "ttl")
+
+    def __init__(self, client: EtcdStoreClient, lease_id: int, ttl: float) -> None:
+        self._client = client
+        self.id = lease_id
+        self.ttl = ttl
+        self._state = "alive"  # alive | abandoned | expired
+        self._abandoned_at = 0.0
+
+    def alive(self) -> bool:
+        if self._state == "abandoned":
+            return self._client._clock.now() < self._abandoned_at + self.ttl
+        return self._state == "alive"
+
+    def abandon(self) -> None:
+        if self._state != "alive":
+            return
+        self._state = "abandoned"
+        self._abandoned_at = self._client._clock.now()
+        self._client._keeper.abandon(self)
+
+    async def revoke(self) -> None:
+        if self._state == "expired":
+            return
+        self._state = "expired"
+        self._client._keeper.forget(self.id)
+        g = self._client._g
+        await self._client._unary(
+            f"revoke lease {self.id:x}",
+            lambda ep, t: ep.lease.LeaseRevoke(g.rpc.LeaseRevokeRequest(ID=self.id), timeout=t),
+            ok_codes=(g.not_found,),  # it had expired already
+        )
+
+    def _expired(self) -> None:
+        self._state = "expired"
+
+
+class _KeepAlive:
+    """Renews every live lease of one client over one ``LeaseKeepAlive`` stream.
+
+    One task per client, not per lease: a heap of (due time, lease id); each lease is
+    renewed every ``ttl / 3`` (etcd's own client's period).  A reply with ``TTL <= 0``
+    means etcd already expired the lease; the lease is marked dead.
+    """
+
+    def __init__(self, client: EtcdStoreClient) -> None:
+        self._client = client
+        self._leases: dict[int, EtcdLease] = {}  # renewed periodically
+        self._final: dict[int, EtcdLease] = {}  # abandoned: one last renewal, then none
+        self._heap: list[tuple[float, int]] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._call: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._waiting: dict[int, EtcdLease] = {}  # sent, reply not read yet
+
+    def add(self, lease: EtcdLease) -> None:
+        self._leases[lease.id] = lease
+        heapq.heappush(self._heap, (self._now() + lease.ttl / 3, lease.id))
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="etcd-lease-keepalive"
+            )
+        self._wake.set()
+
+    def abandon(self, lease: EtcdLease) -> None:
+        if self._leases.pop(lease.id, None) is not None:
+            self._final[lease.id] = lease
+            self._wake.set()
+
+    def forget(self, lease_id: int) -> None:
+        self._leases.pop(lease_id, None)
+        self._final.pop(lease_id, None)
+
+    def _now(self) -> float:
+        return self._client._clock.now()
+
+    async def _run(self) -> None:
+        g = self._client._g
+        backoff = 0.1
+        while True:
+            now = self._now()
+            due: list[EtcdLease] = []
+            while self._heap and self._heap[0][0] <= now:
+                _, lid = heapq.heappop(self._heap)
+                lease = self._leases.get(lid)
+                if lease is not None:
+                    due.append(lease)
+                    heapq.heappush(self._heap, (now + lease.ttl / 3, lid))
+            final = list(self._final.values())
+            self._final.clear()
+            if due or final:
+                try:
+                    await self._send(due + final)
+                    backoff = 0.1
+                except g.aio.AioRpcError:
+                    if self._client._closed:
+                        return
+                    self._drop_stream()
+                    self._client._rotate_from(self._client._ep())
+                    for lease in final:  # the last renewal still owed
+                        self._final[lease.id] = lease
+                    for lease in due:
+                        heapq.heappush(self._heap, (now + backoff, lease.id))
+                    backoff = min(2 * backoff, 1.0)
+                    await asyncio.sleep(backoff)
+                    continue
+            self._wake.clear()
+            wait = (self._heap[0][0] - self._now()) if self._heap else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    async def _send(self, leases: list[EtcdLease]) -> None:
+        g = self._client._g
+        if self._call is None:
+            ep = self._client._ep()
+            self._call = ep.lease.LeaseKeepAlive()
+            self._reader = asyncio.get_running_loop().create_task(
+                self._read(self._call), name="etcd-lease-keepalive-reader"
+            )
+        for lease in leases:
+            self._waiting[lease.id] = lease
+            await self._call.write(g.rpc.LeaseKeepAliveRequest(ID=lease.id))
+
+    async def _read(self, call: Any) -> None:
+        g = self._client._g
+        try:
+            while True:
+                resp = await call.read()
+                if resp is g.aio.EOF:
+                    break
+                lease = self._waiting.pop(resp.ID, None)
+                if lease is not None and resp.TTL <= 0:
+                    self.forget(resp.ID)
+                    lease._expired()
+        except g.aio.AioRpcError:
+            pass
+        if call is self._call:  # broken or ended: the next renewal opens a new stream
+            self._call = None
+            self._wake.set()
+
+    def _drop_stream(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    async def aclose(self) -> None:
+        for t in (self._task, self._reader):
+            if t is not None:
+                t.cancel()
+        for t in (self._task, self._reader):
+            if t is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+        self._drop_stream()
+
+
+class EtcdStoreClient:
+    """The Store port over an etcd v3 cluster.  Create with :meth:`connect`."""
+
+    def __init__(self) -> None:  # use connect()
+        self._g = _grpc()
+        self._clock: AsyncioClock = AsyncioClock()
+        self._prefix = b"/elastic/"
+        self._endpoints: list[_Endpoint] = []
+        self._current = 0
+        self._read_timeout = 60.0
+        self._closed = False
+        self._keeper = _KeepAlive(self)
+        self.stats = StoreStats()
+
+    @classmethod
+    async def connect(
+        cls,
+        endpoints: Sequence[str],
+        *,
+        prefix: str = "/elastic/",
+        clock: AsyncioClock | None = None,
+        protocol: str = "http",
+        cacert: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        read_timeout: float = 60,
+    ) -> EtcdStoreClient:
+        """Connect to the cluster; the first endpoint that answers is used first.
+
+        ``endpoints`` are ``host:port`` of one or more members.  ``protocol="https"``
+        uses TLS with ``cacert`` (PEM file; the system roots if ``None``) and, for
+        client authentication, ``cert`` and ``key``.  Raises
+        :class:`~elastic.errors.StoreError` when no endpoint answers.
+        """
+        if isinstance(endpoints, str):
+            endpoints = [e for e in endpoints.split(",") if e.strip()]
+        if not endpoints:
+            raise ConfigError("etcd endpoints", "no endpoint given; expected host:port,...")
+        names = [parse_endpoint(e) for e in endpoints]
+        if protocol not in ("http", "https"):
+            raise ConfigError("etcd protocol", f"{protocol!r}; expected 'http' or 'https'")
+        if read_timeout <= 0:
+            raise ConfigError("etcd read_timeout", f"{read_timeout!r}; expected seconds > 0")
+        if (cert is None) != (key is None):
+            raise ConfigError("etcd cert/key", "give both the client certificate and its key")
+        self = cls()
+        if clock is not None:
+            self._clock = clock
+        self._prefix = prefix.encode()
+        self._read_timeout = float(read_timeout)
+        credentials = None
+        if protocol == "https":
+
+            def pem(path: str | None, what: str) -> bytes | None:
+                if path is None:
+                    return None
+                try:
+                    with open(path, "rb") as f:
+                        return f.read()
+                except OSError as e:
+                    raise ConfigError(f"etcd {what}", f"{path}: {e.strerror}") from None
+
+            credentials = self._g.grpc.ssl_channel_credentials(
+                root_certificates=pem(cacert, "cacert"),
+                private_key=pem(key, "key"),
+                certificate_chain=pem(cert, "cert"),
+            )
+        self._endpoints = [_Endpoint(n, self._g, credentials) for n in names]
+        await self._first_contact(min(self._read_timeout, 5.0))
+        return self
+
+    async def _first_contact(self, per_endpoint: float) -> None:
+        g = self._g
+        errors: list[str] = []
+        for i, ep in enumerate(self._endpoints):
+            try:
+                await ep.maintenance.Status(
+                    g.rpc.StatusRequest(), timeout=per_endpoint, wait_for_ready=True
+                )
+            except g.aio.AioRpcError as e:
+                errors.append(f"{ep.name}: {e.code().name} {e.details()}")
+                continue
+            self._current = i
+            return
+        await self.aclose()
+        raise StoreError(
+            "no etcd endpoint answered within "
+            f"{per_endpoint:g}s ({'; '.join(errors)}); is etcd running there?"
+        )
+
+    async def aclose(self) -> None:
+        """Stop renewing leases (their keys expire ``ttl`` later) and close the channels."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._keeper.aclose()
+        for ep in self._endpoints:
+            await ep.channel.close()
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [ep.name for ep in self._endpoints]
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix.decode()
+
+    # -- plumbing ---------------------------------------------------------------------
+    def _ep(self) -> _Endpoint:
+        return self._endpoints[self._current]
+
+    def _rotate_from(self, ep: _Endpoint) -> None:
+        """Move on from ``ep`` (unless another call already did)."""
+        if self._endpoints[self._current] is ep:
+            self._current = (self._current + 1) % len(self._endpoints)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the etcd store client is closed; connect a new one")
+
+    def _k(self, key: str) -> bytes:
+        return self._prefix + key.encode()
+
+    async def _unary(
+        self,
+        what: str,
+        call: Callable[[_Endpoint, float], Awaitable[T]],
+        *,
+        ok_codes: tuple[Any, ...] = (),
+    ) -> T | None:
+        """Run ``call(endpoint, attempt timeout)``, failing over until ``read_timeout``."""
+        g = self._g
+        deadline = self._clock.now() + self._read_timeout
+        delay = 0.05
+        tried = 0
+        while True:
+            self._check_open()
+            ep = self._ep()
+            remaining = deadline - self._clock.now()
+            try:
+                return await call(ep, max(0.001, min(remaining, ATTEMPT_TIMEOUT)))
+            except g.aio.AioRpcError as e:
+                code = e.code()
+                if code in ok_codes:
+                    return None
+                if self._closed and code == g.cancelled:
+                    raise StoreClosedError(f"the etcd store client closed during {what}") from None
+                left = deadline - self._clock.now()
+                if code not in g.retry and code != g.deadline:
+                    raise StoreError(
+                        f"etcd at {ep.name}: {what} failed: {code.name}: {e.details()}"
+                    ) from None
+                if left <= 0:
+                    if code == g.deadline:
+                        raise TimeoutError(
+                            f"etcd at {ep.name}: {what} got no answer within "
+                            f"read_timeout={self._read_timeout:g}s"
+                        ) from None
+                    raise StoreError(
+                        f"etcd: {what} failed on every endpoint for {self._read_timeout:g}s "
+                        f"({', '.join(self.endpoints)}); last, {ep.name}: "
+                        f"{code.name}: {e.details()}"
+                    ) from None
+                self._rotate_from(ep)
+                tried += 1
+                if tried % len(self._endpoints) == 0:  # a full turn: wait before the next
+                    await asyncio.sleep(min(delay, left))
+                    delay = min(2 * delay, 1.0)
+
+    async def _must(self, what: str, call: Callable[[_Endpoint, float], Awaitable[T]]) -> T:
+        r = await self._unary(what, call)
+        assert r is not None  # no ok_codes: every failure raised
+        return r
+
+    async def _range(self, key: bytes, range_end: bytes = b"") -> Any:
+        req = self._g.rpc.RangeRequest(key=key, range_end=range_end)
+        return await self._must(f"range {key!r}", lambda ep, t: ep.kv.Range(req, timeout=t))
+
+    async def _txn(
+        self, what: str, compare: list[Any], success: list[Any], failure: list[Any]
+    ) -> Any:
+        req = self._g.rpc.TxnRequest(compare=compare, success=success, failure=failure)
+        return await self._must(what, lambda ep, t: ep.kv.Txn(req, timeout=t))
+
+    def _put_op(self, key: bytes, value: bytes, lease: int = 0) -> Any:
+        self.stats.bytes_written += len(key) + len(value)
+        return self._g.rpc.RequestOp(
+            request_put=self._g.rpc.PutRequest(key=key, value=value, lease=lease)
+        )
+
+    def _range_op(self, key: bytes) -> Any:
+        return self._g.rpc.RequestOp(request_range=self._g.rpc.RangeRequest(key=key))
+
+    async def _watch_first(
+        self, key: bytes, range_end: bytes, start: int, accept: Callable[[Any], bool]
+    ) -> tuple[int, Any]:
+        """The first event on ``[key, range_end)`` at revision >= ``start`` that
+        ``accept`` takes: ``(its revision, event)``; ``(current revision, None)`` if
+        ``start`` was compacted away.  One watch stream per call; a broken stream is
+        re-created on the next endpoint from the last revision seen."""
+        g = self._g
+        delay = 0.05
+        while True:
+            self._check_open()
+            ep = self._ep()
+            call = ep.watch.Watch()
+            try:
+                create = g.rpc.WatchCreateRequest(
+                    key=key, range_end=range_end, start_revision=start
+                )
+                await call.write(g.rpc.WatchRequest(create_request=create))
+                while True:
+                    resp = await call.read()
+                    if resp is g.aio.EOF:
+                        break
+                    if resp.compact_revision:  # (this reply's header carries no revision)
+                        return max(await self.revision(), int(resp.compact_revision)), None
+                    if resp.canceled:
+                        raise StoreError(
+                            f"etcd at {ep.name}: the watch on {key!r} was cancelled: "
+                            f"{resp.cancel_reason or 'no reason given'}"
+                        )
+                    for ev in resp.events:
+                        start = int(ev.kv.mod_revision) + 1
+                        if accept(ev):
+                            return int(ev.kv.mod_revision), ev
+                    delay = 0.05
+            except g.aio.AioRpcError as e:
+                code = e.code()
+                if self._closed and code == g.cancelled:
+                    raise StoreClosedError("the etcd store client closed during a watch") from None
+                if code not in g.retry:
+                    raise StoreError(
+                        f"etcd at {ep.name}: watch on {key!r} failed: {code.name}: {e.details()}"
+                    ) from None
+            finally:
+                call.cancel()
+            self._rotate_from(ep)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
+
+    async def _in_time(self, timeout: float | None, coro: Awaitable[T], message: str) -> T:
+        if timeout is None:
+            return await coro
+        try:
+            async with asyncio.timeout(max(0.0, timeout)):
+                return await coro
+        except TimeoutError:
+            raise TimeoutError(message) from None
+
+    # -- the port ----------------------------------------------------------------------
+    async def set(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
+        self._check_open()
+        self.stats.ops += 1
+        lid = self._own(lease, key)
+        req = self._g.rpc.PutRequest(key=self._k(key), value=bytes(value), lease=lid)
+        self.stats.bytes_written += len(req.key) + len(req.value)
+        try:
+            await self._must(f"set {key!r}", lambda ep, t: ep.kv.Put(req, timeout=t))
+        except StoreError as e:
+            if lease is not None and "lease not found" in str(e):
+                if isinstance(lease, EtcdLease):
+                    lease._expired()
+                raise StoreError(
+                    f"lease {lid:x} has expired; cannot attach {key!r} to it"
+                ) from None
+            raise
+
+    def _own(self, lease: Lease | None, key: str) -> int:
+        if lease is None:
+            return 0
+        if not isinstance(lease, EtcdLease) or lease._client is not self:
+            raise StoreError("that lease was granted by another store")
+        if not lease.alive():
+            raise StoreError(f"lease {lease.id:x} has expired; cannot attach {key!r} to it")
+        return lease.id
+
+    async def get(self, key: str, timeout: float | None = None) -> bytes:
+        self._check_open()
+        self.stats.ops += 1
+        shown = "forever" if timeout is None else f"{timeout:g}s"
+        return await self._in_time(
+            timeout, self._get(key), f"key {key!r} was not set within {shown}"
+        )
+
+    async def _get(self, key: str) -> bytes:
+        k = self._k(key)
+        put = self._g.rpc.Event.PUT
+        while True:
+            resp = await self._range(k)
+            if resp.kvs:
+                return bytes(resp.kvs[0].value)
+            _, ev = await self._watch_first(
+                k, b"", int(resp.header.revision) + 1, lambda e: e.type == put
+            )
+            if ev is not None:
+                return bytes(ev.kv.value)
+            # compacted under us: read again
+
+    async def try_get(self, key: str) -> bytes | None:
+        self._check_open()
+        self.stats.ops += 1
+        resp = await self._range(self._k(key))
+        return bytes(resp.kvs[0].value) if resp.kvs else None
+
+    async def add(self, key: str, amount: int) -> int:
+        self._check_open()
+        self.stats.ops += 1
+        rpc = self._g.rpc
+        k = self._k(key)
+        resp = await self._range(k)
+        kvs = resp.kvs
+        while True:
+            cur = bytes(kvs[0].value) if kvs else None
+            mod = int(kvs[0].mod_revision) if kvs else 0
+            try:
+                base = int(cur) if cur is not None else 0
+            except ValueError:
+                shown = (cur or b"")[:40]
+                raise StoreError(f"add({key!r}): the value {shown!r} is not an integer") from None
+            new = base + amount
+            cmp = rpc.Compare(
+                key=k,
+                target=rpc.Compare.MOD,
+                result=rpc.Compare.EQUAL,
+                mod_revision=mod,
+            )
+            t = await self._txn(
+                f"add {key!r}", [cmp], [self._put_op(k, str(new).encode())], [self._range_op(k)]
+            )
+            if t.succeeded:
+                return new
+            kvs = t.responses[0].response_range.kvs  # lost a race: the value now
+
+    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+        self._check_open()
+        self.stats.ops += 1
+        rpc = self._g.rpc
+        k = self._k(key)
+        if expected is None:
+            cmp = rpc.Compare(
+                key=k, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0
+            )
+        else:
+            cmp = rpc.Compare(
+                key=k, target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=bytes(expected)
+            )
+        t = await self._txn(
+            f"compare_set {key!r}", [cmp], [self._put_op(k, bytes(desired))], [self._range_op(k)]
+        )
+        if t.succeeded:
+            return bytes(desired)
+        kvs = t.responses[0].response_range.kvs
+        return bytes(kvs[0].value) if kvs else b""
+
+    async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        self._check_open()
+        self.stats.ops += 1
+
+        async def all_of() -> None:
+            for k in keys:
+                await self._get(k)
+
+        if timeout is None:
+            await all_of()
+            return
+        try:
+            async with asyncio.timeout(max(0.0, timeout)):
+                await all_of()
+        except TimeoutError:
+            missing = [k for k in keys if await self.try_get(k) is None]
+            raise TimeoutError(
+                f"keys {missing[:5]!r}{'…' if len(missing) > 5 else ''} "
+                f"were not set within {timeout:g}s"
+            ) from None
+
+    async def delete(self, key: str) -> bool:
+        self._check_open()
+        self.stats.ops += 1
+        req = self._g.rpc.DeleteRangeRequest(key=self._k(key))
+        resp = await self._must(f"delete {key!r}", lambda ep, t: ep.kv.DeleteRange(req, timeout=t))
+        return int(resp.deleted) > 0
+
+    async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        await self.wait(keys, timeout)
+        if not keys:
+            return []
+        out: list[bytes] = []
+        for i in range(0, len(keys), MAX_TXN_OPS):
+            chunk = keys[i : i + MAX_TXN_OPS]
+            t = await self._txn(
+                f"multi_get {chunk[0]!r}…", [], [self._range_op(self._k(k)) for k in chunk], []
+            )
+            for r in t.responses:
+                kvs = r.response_range.kvs
+                if not kvs:  # deleted between the wait and the read: wait again
+                    return await self.multi_get(keys, timeout)
+                out.append(bytes(kvs[0].value))
+        return out
+
+    async def multi_set(self, items: Mapping[str, bytes]) -> None:
+        self._check_open()
+        self.stats.ops += 1
+        if not items:
+            return
+        if len(items) > MAX_TXN_OPS:
+            raise StoreError(
+                f"multi_set of {len(items)} keys: etcd applies at most {MAX_TXN_OPS} in one "
+                "transaction (--max-txn-ops); split the call"
+            )
+        ops = [self._put_op(self._k(k), bytes(v)) for k, v in items.items()]
+        await self._txn(f"multi_set {next(iter(items))!r}…", [], ops, [])
+
+    async def grant_lease(self, ttl: float) -> Lease:
+        self._check_open()
+        if not ttl > 0:
+            raise StoreError(f"lease ttl must be positive, got {ttl!r}")
+        self.stats.ops += 1
+        req = self._g.rpc.LeaseGrantRequest(TTL=max(1, math.ceil(ttl)))
+        resp = await self._must("grant lease", lambda ep, t: ep.lease.LeaseGrant(req, timeout=t))
+        if resp.error:
+            raise StoreError(f"etcd at {self._ep().name}: grant lease failed: {resp.error}")
+        # etcd grants whole seconds and at least its minimum TTL (1.5 x election timeout)
+        lease = EtcdLease(self, int(resp.ID), float(resp.TTL))
+        self._keeper.add(lease)
+        return lease
+
+    async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
+        self._check_open()
+        self.stats.ops += 1
+        p = self._k(prefix)
+        resp = await self._range(p, _range_end(p))
+        cut = len(self._prefix)
+        return int(resp.header.revision), {
+            bytes(kv.key)[cut:].decode(): bytes(kv.value) for kv in resp.kvs
+        }
+
+    async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
+        self._check_open()
+        self.stats.ops += 1
+        p = self._k(prefix)
+        rev, _ = await self._in_time(
+            timeout,
+            self._watch_first(p, _range_end(p), after + 1, lambda e: True),
+            f"no change under {prefix!r} after revision {after} within {timeout}s",
+        )
+        return rev
+
+    async def revision(self) -> int:
+        """The cluster's current revision."""
+        req = self._g.rpc.RangeRequest(
+            key=self._prefix, range_end=_range_end(self._prefix), count_only=True
+        )
+        resp = await self._must("read the revision", lambda ep, t: ep.kv.Range(req, timeout=t))
+        return int(resp.header.revision)
