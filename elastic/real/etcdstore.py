@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import heapq
 import math
+import random
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -258,7 +259,7 @@ class _KeepAlive:
     async def _run(self) -> None:
         g = self._client._g
         backoff = 0.1
-        while True:
+        while not self._client._closed:
             now = self._now()
             due: list[EtcdLease] = []
             while self._heap and self._heap[0][0] <= now:
@@ -287,8 +288,11 @@ class _KeepAlive:
                     continue
             self._wake.clear()
             wait = (self._heap[0][0] - self._now()) if self._heap else None
+            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that lands
+            # as the event fires (abandon() then aclose()), and this task would never end
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
 
     async def _send(self, leases: list[EtcdLease]) -> None:
         g = self._client._g
@@ -347,7 +351,11 @@ class EtcdStoreClient:
         self._read_timeout = 60.0
         self._closed = False
         self._keeper = _KeepAlive(self)
+        # what a benchmark reads: operations, bytes of key + value written (as
+        # MemoryStore counts them), and add() transactions lost to a concurrent writer
         self.stats = StoreStats()
+        self.cas_retries = 0
+        self._add_locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
     async def connect(
@@ -520,7 +528,6 @@ class EtcdStoreClient:
         return await self._must(what, lambda ep, t: ep.kv.Txn(req, timeout=t))
 
     def _put_op(self, key: bytes, value: bytes, lease: int = 0) -> Any:
-        self.stats.bytes_written += len(key) + len(value)
         return self._g.rpc.RequestOp(
             request_put=self._g.rpc.PutRequest(key=key, value=value, lease=lease)
         )
@@ -591,7 +598,6 @@ class EtcdStoreClient:
         self.stats.ops += 1
         lid = self._own(lease, key)
         req = self._g.rpc.PutRequest(key=self._k(key), value=bytes(value), lease=lid)
-        self.stats.bytes_written += len(req.key) + len(req.value)
         try:
             await self._must(f"set {key!r}", lambda ep, t: ep.kv.Put(req, timeout=t))
         except StoreError as e:
@@ -602,6 +608,7 @@ class EtcdStoreClient:
                     f"lease {lid:x} has expired; cannot attach {key!r} to it"
                 ) from None
             raise
+        self.stats.bytes_written += len(req.key) + len(req.value)
 
     def _own(self, lease: Lease | None, key: str) -> int:
         if lease is None:
@@ -643,10 +650,21 @@ class EtcdStoreClient:
     async def add(self, key: str, amount: int) -> int:
         self._check_open()
         self.stats.ops += 1
+        # tasks of one client adding to one key queue here instead of racing in etcd
+        lock = self._add_locks.setdefault(key, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._add(key, amount)
+        finally:
+            if not lock.locked() and self._add_locks.get(key) is lock:
+                del self._add_locks[key]
+
+    async def _add(self, key: str, amount: int) -> int:
         rpc = self._g.rpc
         k = self._k(key)
         resp = await self._range(k)
         kvs = resp.kvs
+        tries = 0
         while True:
             cur = bytes(kvs[0].value) if kvs else None
             mod = int(kvs[0].mod_revision) if kvs else 0
@@ -662,12 +680,20 @@ class EtcdStoreClient:
                 result=rpc.Compare.EQUAL,
                 mod_revision=mod,
             )
+            value = str(new).encode()
             t = await self._txn(
-                f"add {key!r}", [cmp], [self._put_op(k, str(new).encode())], [self._range_op(k)]
+                f"add {key!r}", [cmp], [self._put_op(k, value)], [self._range_op(k)]
             )
             if t.succeeded:
+                self.stats.bytes_written += len(k) + len(value)
                 return new
             kvs = t.responses[0].response_range.kvs  # lost a race: the value now
+            # Back off before the next try: N nodes adding at once would otherwise cost
+            # O(N^2) transactions (each round one wins, the rest retry at once).  etcd
+            # has no server-side increment; torch's EtcdStore sleeps U(0, 0.1) s too.
+            self.cas_retries += 1
+            await asyncio.sleep(random.uniform(0, min(0.25, 0.001 * 2**tries)))
+            tries += 1
 
     async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
         self._check_open()
@@ -686,6 +712,7 @@ class EtcdStoreClient:
             f"compare_set {key!r}", [cmp], [self._put_op(k, bytes(desired))], [self._range_op(k)]
         )
         if t.succeeded:
+            self.stats.bytes_written += len(k) + len(desired)
             return bytes(desired)
         kvs = t.responses[0].response_range.kvs
         return bytes(kvs[0].value) if kvs else b""
@@ -747,6 +774,7 @@ class EtcdStoreClient:
             )
         ops = [self._put_op(self._k(k), bytes(v)) for k, v in items.items()]
         await self._txn(f"multi_set {next(iter(items))!r}…", [], ops, [])
+        self.stats.bytes_written += sum(len(self._k(k)) + len(v) for k, v in items.items())
 
     async def grant_lease(self, ttl: float) -> Lease:
         self._check_open()
