@@ -17,8 +17,9 @@ Invariants
   returns at once with the current revision (as etcd reports a compacted revision), and
   the caller re-reads with :meth:`snapshot`.
 * Leased keys vanish when their lease expires: ``ttl`` after :meth:`_Lease.abandon`
-  (the owner stopped renewing), at once on :meth:`_Lease.revoke`.  Expiry is one timer
-  per abandoned lease, never a sweep.
+  (the owner stopped renewing) or after its last :meth:`_Lease.refresh`, at once on
+  :meth:`_Lease.revoke`.  Expiry is one timer per abandoned lease, never a sweep; a
+  refresh moves the deadline and the same timer sleeps on.
 """
 
 from __future__ import annotations
@@ -77,10 +78,25 @@ class _Lease(Lease):
             self.expires_at = None
             self._gen += 1
 
+    def refresh(self) -> None:
+        """A renewal reached the store: an abandoned lease now expires ``ttl`` from now.
+
+        No new timer: the one started by :meth:`abandon` sleeps on when it finds the
+        deadline moved (a network store's server renews this way; the simulator never
+        calls it, so it costs the simulation nothing).
+        """
+        if self.state == "abandoned":
+            self.expires_at = self._store._clock.now() + self.ttl
+
     async def _expire_later(self, gen: int) -> None:
-        await self._store._clock.sleep(self.ttl)
-        if self._gen == gen and self.state == "abandoned":
-            self._store._expire(self)
+        clock = self._store._clock
+        await clock.sleep(self.ttl)
+        while self._gen == gen and self.state == "abandoned":
+            left = (self.expires_at or 0.0) - clock.now()
+            if left <= 0:
+                self._store._expire(self)
+                return
+            await clock.sleep(left)  # refreshed meanwhile: sleep to the new deadline
 
     async def revoke(self) -> None:
         if self.state != "expired":

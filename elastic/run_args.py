@@ -40,7 +40,8 @@ from typing import Any, NoReturn
 from elastic._records import Frozen, set_fields
 from elastic.errors import ConfigError
 from elastic.ids import uuid4_str
-from elastic.rendezvous.utils import parse_rendezvous_config
+from elastic.rendezvous.conf import check_rdzv_conf
+from elastic.rendezvous.utils import parse_rendezvous_config, parse_rendezvous_endpoint
 
 __all__ = [
     "LaunchConfig",
@@ -661,6 +662,10 @@ def config_from_args(
         rdzv_configs: dict[str, Any] = dict(parse_rendezvous_config(a.rdzv_conf))
     except ValueError as e:
         raise ConfigError("--rdzv-conf", f"got {a.rdzv_conf!r}; {e}") from None
+    why = check_rdzv_conf(a.rdzv_backend, rdzv_configs)
+    if why is not None:
+        raise ConfigError("--rdzv-conf", why)
+    _check_endpoint(a.rdzv_backend, a.rdzv_endpoint)
     if a.rdzv_backend == "static":
         if not 0 <= a.node_rank < max_nodes:
             raise ConfigError(
@@ -724,6 +729,18 @@ def config_from_args(
         cmd = a.training_script
     cmd_args.extend(a.training_script_args)
     return config, cmd, cmd_args
+
+
+def _check_endpoint(backend: str, endpoint: str) -> None:
+    """A malformed ``--rdzv-endpoint`` is refused, even where one node would not use it."""
+    members = endpoint.split(",") if backend in ("etcd", "etcd-v2") else [endpoint]
+    for m in members:
+        if not m.strip() and endpoint:
+            raise ConfigError("--rdzv-endpoint", f"got {endpoint!r}; an empty member")
+        try:
+            parse_rendezvous_endpoint(m, 0)
+        except ValueError as e:
+            raise ConfigError("--rdzv-endpoint", f"got {endpoint!r}; {e}") from None
 
 
 def parse(

@@ -69,9 +69,14 @@ def test_failing_function_raises_child_failed_error_naming_it(tmp_path: Path, ta
 
 
 @pytest.mark.timeout(30)
-def test_several_nodes_are_refused_before_anything_starts(tmp_path: Path, tagged: str) -> None:
-    config = LaunchConfig(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="c10d")
-    with pytest.raises(ConfigError, match=r"--nnodes.*network store"):
+def test_several_nodes_on_an_any_port_endpoint_are_refused_before_anything_starts(
+    tmp_path: Path, tagged: str
+) -> None:
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+    )
+    with pytest.raises(ConfigError, match=r"--rdzv-endpoint.*port 0.*one-node job"):
         elastic_launch(config, square_of_rank)(0)
 
 

@@ -16,7 +16,7 @@ from elastic.rendezvous import (
     RendezvousParameters,
     get_rendezvous_handler,
 )
-from elastic.rendezvous.dynamic import (
+from elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousSettings,
     RendezvousTimeout,
@@ -46,9 +46,22 @@ def test_get_rendezvous_handler_accepts_the_ports_as_keywords() -> None:
     assert isinstance(h, DynamicRendezvousHandler) and h.node_id == "n7"
 
 
-def test_get_rendezvous_handler_without_ports_says_what_is_missing() -> None:
-    with pytest.raises(ValueError, match="needs the clock and store ports"):
-        get_rendezvous_handler(params())
+def test_get_rendezvous_handler_without_ports_builds_the_real_ports_as_torch_does() -> None:
+    h = get_rendezvous_handler(RendezvousParameters("c10d", "localhost:0", "no-ports", 1, 1))
+    assert isinstance(h, DynamicRendezvousHandler) and h.sync_runner is not None
+    info = h.next_rendezvous()  # torch's blocking call, min_nodes=1: completes alone
+    assert (info.rank, info.world_size) == (0, 1)
+    info.store.set("k", "v")  # torch's blocking Store methods
+    assert info.store.get("k") == b"v"
+    assert h.shutdown()
+
+
+def test_get_rendezvous_handler_without_ports_refuses_a_remote_endpoint_in_one_line() -> None:
+    from elastic.rendezvous import RendezvousConnectionError
+
+    p = RendezvousParameters("c10d", "10.255.255.1:29400", "job", 1, 2)
+    with pytest.raises(RendezvousConnectionError, match="is on another host"):
+        get_rendezvous_handler(p)
 
 
 def test_unknown_backend_has_torchs_message() -> None:
@@ -61,10 +74,13 @@ def test_unknown_backend_has_torchs_message() -> None:
         get_rendezvous_handler(params("nope"), ctx())
 
 
-def test_etcd_backends_refuse_with_one_clear_line() -> None:
+def test_etcd_backends_build_handlers_named_for_their_backend() -> None:
+    from elastic.rendezvous.etcd_rendezvous import EtcdRendezvousHandler
+
     for backend in ("etcd", "etcd-v2"):
-        with pytest.raises(ConfigError, match=f"--rdzv-backend: '{backend}' is not available"):
-            get_rendezvous_handler(params(backend), ctx())
+        h = get_rendezvous_handler(params(backend), ctx())
+        assert h.get_backend() == backend
+    assert isinstance(get_rendezvous_handler(params("etcd"), ctx()), EtcdRendezvousHandler)
 
 
 def test_register_refuses_empty_names_and_a_second_creator() -> None:

@@ -56,7 +56,8 @@ ARGVS: list[list[str]] = [
     ["train.py"],
     ["--nproc-per-node=4", "train.py", "--lr", "0.1", "--nnodes", "7"],
     ["--nproc_per_node", "2", "--nnodes", "1:4", "--rdzv_backend", "c10d", "x.py"],
-    ["--rdzv-endpoint", "h:29400", "--rdzv-id", "job", "--rdzv-conf", "a=1,b=c=d", "x.py"],
+    ["--rdzv-endpoint", "h:29400", "--rdzv-id", "job", "--rdzv-conf", "read_timeout=1,token=c=d",
+     "x.py"],
     ["--standalone", "--max_restarts", "3", "--monitor-interval", "0.5", "x.py"],
     ["--start-method", "fork", "--role", "trainer", "-m", "pkg.mod", "a", "-b"],
     ["--no-python", "--log-dir", "/tmp/l", "-r", "3", "-t", "0:1,1:2", "prog"],
@@ -304,12 +305,33 @@ def test_module_with_no_python_is_refused() -> None:
 
 
 def test_rdzv_conf_is_parsed_with_torchs_rules_and_messages() -> None:
-    c, _, _ = cfg(["--rdzv-conf", " join_timeout = 5 , url=a=b ", "x.py"])
-    assert c.rdzv_configs == {"join_timeout": "5", "url": "a=b", "timeout": 900}
+    c, _, _ = cfg(["--rdzv-conf", " join_timeout = 5 , token=a=b ", "x.py"])
+    assert c.rdzv_configs == {"join_timeout": "5", "token": "a=b", "timeout": 900}
     e = config_error(["--rdzv-conf", "=3", "x.py"])
     assert e.where == "--rdzv-conf" and "<key1>=<value1>,...,<keyN>=<valueN>" in e.message
     e = config_error(["--rdzv-conf", "a=1,b", "x.py"])
     assert "The rendezvous configuration option 'b' must have a value specified." in e.message
+
+
+def test_unknown_rdzv_conf_keys_are_refused_in_one_line_naming_them() -> None:
+    e = config_error(["--rdzv-conf", "join_timout=5", "x.py"])
+    assert e.where == "--rdzv-conf"
+    assert "'join_timout'" in e.message and "join_timeout" in e.message
+    e = config_error(["--rdzv-backend", "static", "--master-port", "1", "--rdzv-conf",
+                      "is_host=1", "x.py"])
+    assert "'is_host'" in e.message and "static" in e.message
+    e = config_error(["--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "--nnodes", "2",
+                      "--rdzv-conf", "store_type=file", "x.py"])
+    assert "store_type" in e.message and "tcp" in e.message
+    c, _, _ = cfg(["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "a:2379,b:2379",
+                   "--nnodes", "2", "--rdzv-conf", "protocol=https,cacert=/c,key=/k", "x.py"])
+    assert c.rdzv_configs["protocol"] == "https"
+
+
+@pytest.mark.parametrize("endpoint", ["h:port", "h:99999", "a b:1", "h:1,"])
+def test_malformed_rdzv_endpoint_is_refused_even_for_one_node(endpoint: str) -> None:
+    e = config_error(["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "x.py"])
+    assert e.where == "--rdzv-endpoint" and repr(endpoint) in e.message
 
 
 def test_redirects_and_tee_accept_multi_digit_local_ranks() -> None:

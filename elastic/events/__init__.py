@@ -33,11 +33,22 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 from elastic._records import Frozen, set_fields
 
 if TYPE_CHECKING:
-    from elastic.events.api import Event, EventSource, NodeState, RdzvEvent, record
+    from elastic.events.api import (
+        Event,
+        EventMetadataValue,
+        EventSource,
+        NodeState,
+        RdzvEvent,
+        construct_and_record_rdzv_event,
+        get_logging_handler,
+        record,
+        record_rdzv_event,
+    )
 
 __all__ = [
     "AgentEvent",
     "Event",
+    "EventMetadataValue",
     "EventSink",
     "EventSource",
     "ListSink",
@@ -45,13 +56,28 @@ __all__ = [
     "RdzvEvent",
     "StreamSink",
     "TeeSink",
+    "construct_and_record_rdzv_event",
+    "get_logging_handler",
     "read_events",
     "record",
+    "record_rdzv_event",
 ]
 
 JSONScalar = str | int | float | bool | None
 
-_TORCH_API = frozenset({"Event", "EventSource", "NodeState", "RdzvEvent", "record"})
+_TORCH_API = frozenset(
+    {
+        "Event",
+        "EventMetadataValue",
+        "EventSource",
+        "NodeState",
+        "RdzvEvent",
+        "construct_and_record_rdzv_event",
+        "get_logging_handler",
+        "record",
+        "record_rdzv_event",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -15,26 +15,32 @@ running loop), the :class:`~elastic.agent.server.api.WorkerSpec` and a
 * lets :class:`~elastic.agent.server.local_elastic_agent.SignalException` through
   after the workers were stopped with the same signal.
 
-Single node only: the agent's store lives in its own process, so ``max_nodes > 1``
-is refused with one line (a network store is needed for several nodes).
+The store the rendezvous runs on is opened by :mod:`elastic.real.rdzv_store`: in the
+agent's own process for one node, else the agent-hosted network store (``c10d``,
+``static``) or etcd.  A store host keeps serving, after its own agent finished, until
+the other agents left (at most the close timeout).  An agent stopped by a signal
+revokes its lease on the way out, so the others re-form at once instead of a lease's
+time-to-live later.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import sys
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
-from elastic.errors import ConfigError, ElasticError
+from elastic.errors import ConfigError, ElasticError, StoreError
 from elastic.ids import uuid4_int
 from elastic.run_args import LaunchConfig
 
 __all__ = ["LaunchConfig", "LaunchError", "elastic_launch", "fqdn", "free_port", "launch_agent"]
 
 if TYPE_CHECKING:
+    from elastic.real.rdzv_store import RendezvousStore
     from elastic.real.reaper import ReaperSidecar
 
 logger = logging.getLogger(__name__)
@@ -122,6 +128,24 @@ def fqdn() -> str:
     return next((n for n in [hostname, *aliases] if "." in n), hostname)
 
 
+async def _shutdown(handler: Any) -> None:
+    """torch's ``shutdown()``: close the rendezvous for every node (best effort)."""
+    try:
+        await handler.shutdown_async()
+    except (StoreError, TimeoutError, OSError) as e:
+        logger.warning("Could not close the rendezvous (its store failed): %s", e)
+
+
+async def _leave(handler: Any) -> None:
+    leave = getattr(handler, "leave_async", None)
+    if leave is None:
+        return
+    try:
+        await leave()
+    except Exception as e:  # the store may be gone too; leaving is best effort
+        logger.warning("Could not leave the rendezvous cleanly: %s", e)
+
+
 def launch_agent(
     config: LaunchConfig,
     entrypoint: Callable[..., Any] | str | None,
@@ -155,21 +179,11 @@ async def launch_agent_async(
     reaper: bool | ReaperSidecar = True,
 ) -> dict[int, Any]:
     """:func:`launch_agent` on the running event loop."""
-    from elastic.agent.server.api import WorkerSpec, WorkerState
-    from elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    from elastic.memstore import MemoryStore
-    from elastic.multiprocessing.api import DefaultLogsSpecs, LogsSpecs
     from elastic.real.clock import AsyncioClock
-    from elastic.rendezvous.api import RendezvousContext, RendezvousParameters
-    from elastic.rendezvous.registry import get_rendezvous_handler
+    from elastic.real.rdzv_store import open_rendezvous_store
+    from elastic.rendezvous.api import RendezvousParameters
+    from elastic.rendezvous.conf import check_rdzv_conf
 
-    if config.max_nodes > 1:
-        raise ConfigError(
-            "--nnodes",
-            f"got {config.min_nodes}:{config.max_nodes}; only single-node jobs can run "
-            "yet (the network store several nodes need is not available): use --nnodes 1 "
-            "or --standalone",
-        )
     if entrypoint is None:
         raise ConfigError("entrypoint", "got None; expected a program or a function")
     run_id = config.run_id
@@ -177,8 +191,12 @@ async def launch_agent_async(
         run_id = str(uuid4_int())
         logger.warning("config has no run_id, generated a random run_id: %s", run_id)
 
+    why = check_rdzv_conf(config.rdzv_backend, config.rdzv_configs)
+    if why is not None:
+        raise ConfigError("--rdzv-conf", why)
+    # the token reaches the store and nothing else (parameters are printed in logs)
+    rdzv_configs = {k: v for k, v in config.rdzv_configs.items() if k != "token"}
     clock = AsyncioClock()
-    store = MemoryStore(clock)
     node_id = f"{socket.gethostname()}_{os.getpid()}"
     try:
         params = RendezvousParameters(
@@ -188,12 +206,64 @@ async def launch_agent_async(
             min_nodes=config.min_nodes,
             max_nodes=config.max_nodes,
             local_addr=config.local_addr,
-            **config.rdzv_configs,
+            **rdzv_configs,
         )
     except ValueError as e:
         raise ConfigError("--nnodes", str(e)) from None
+    opened = await open_rendezvous_store(
+        config.rdzv_backend,
+        config.rdzv_endpoint,
+        config.max_nodes,
+        config.rdzv_configs,
+        clock,
+    )
+    if opened.hosting:
+        logger.info("This agent hosts the rendezvous: %s", opened.where)
+    try:
+        return await _run_on_store(
+            config,
+            entrypoint,
+            args,
+            params,
+            opened,
+            clock,
+            node_id,
+            health_check_server=health_check_server,
+            reaper=reaper,
+        )
+    finally:
+        await opened.aclose(linger=_linger(config))
+
+
+def _linger(config: LaunchConfig) -> float:
+    """How long a store host waits for the other agents to leave (the close timeout)."""
+    try:
+        return float(config.rdzv_configs.get("close_timeout", 30))
+    except (TypeError, ValueError):
+        return 30.0
+
+
+async def _run_on_store(
+    config: LaunchConfig,
+    entrypoint: Callable[..., Any] | str,
+    args: list[Any],
+    params: Any,
+    opened: RendezvousStore,
+    clock: Any,
+    node_id: str,
+    *,
+    health_check_server: Any,
+    reaper: bool | ReaperSidecar,
+) -> dict[int, Any]:
+    """Build the handler and the agent on the opened store, and run the agent."""
+    from elastic.agent.server.api import WorkerSpec, WorkerState
+    from elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from elastic.multiprocessing.api import DefaultLogsSpecs, LogsSpecs
+    from elastic.rendezvous.api import RendezvousContext
+    from elastic.rendezvous.registry import get_rendezvous_handler
+
     ctx = RendezvousContext(
-        store=store,
+        store=opened.store,
         clock=clock,
         node_addr=config.local_addr or fqdn(),
         node_id=node_id.replace("/", "_"),
@@ -204,17 +274,6 @@ async def launch_agent_async(
     except ValueError as e:
         raise ConfigError("--rdzv-backend", str(e)) from None
 
-    master_addr: str | None = None
-    master_port: int | None = None
-    if config.rdzv_backend == "static":
-        host, _, port = config.rdzv_endpoint.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(
-                "--rdzv-endpoint",
-                f"got {config.rdzv_endpoint!r}; the static rendezvous needs host:port",
-            )
-        master_addr, master_port = host, int(port)
-
     spec = WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,
@@ -223,8 +282,6 @@ async def launch_agent_async(
         rdzv_handler=handler,
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
-        master_addr=master_addr,
-        master_port=master_port,
         local_addr=config.local_addr,
         event_log_handler=config.event_log_handler,
         numa_options=config.numa_options,
@@ -290,15 +347,24 @@ async def launch_agent_async(
         try:
             result = await agent.run_async()
         except SignalException:
-            raise  # torch keeps the rendezvous open for a restart of this node
-        except BaseException:
-            await handler.shutdown_async()
+            # torch keeps the rendezvous open for a restart of this node; the others
+            # learn at once that this one left (its lease is revoked), not a ttl later
+            await _leave(handler)
             raise
-        await handler.shutdown_async()
+        except BaseException as e:
+            if not isinstance(e, StoreError | TimeoutError | OSError):
+                await _shutdown(handler)  # the store is up: close the rendezvous for all
+            raise
+        await _shutdown(handler)
     finally:
         if event_file is not None:
             event_file.close()
 
+    succeeded = result is None or result.state == WorkerState.SUCCEEDED
+    if succeeded and config.logs_specs is None and not config.log_dir:
+        # our own torchelastic_* temp dir (no --log-dir): nothing in it is wanted after a
+        # run that did not fail; a failed run's is kept for the report's error files
+        shutil.rmtree(logs_specs.root_log_dir, ignore_errors=True)
     if result is None:
         return {}
     if result.state == WorkerState.SUCCEEDED:

@@ -106,7 +106,8 @@ _READ_CHUNK = 64 * 1024
 _KILL_ROUNDS = 20
 _ADOPT_AFTER = 0.05  # seconds: see ProcessGroup._on_exit
 _SIDECAR_GRACE = 5.0  # seconds for the sidecar to leave once told to
-_SIGTERM = int(signal.SIGTERM)  # the method ProcessGroup.signal shadows the module
+_SIGTERM = int(signal.SIGTERM)
+PRIVATE_DIR_PREFIX = "elastic_workers_"  # the method ProcessGroup.signal shadows the module
 
 
 def substitute_local_rank(args: Sequence[Any], local_rank: int) -> list[Any]:
@@ -200,6 +201,7 @@ class ProcessGroup:
         private_dir: str,
         oom_before: OomCounters,
         kill_timeout: float,
+        orphans_since: int | None = None,
     ) -> None:
         self._loop = loop
         self.marker = marker
@@ -207,6 +209,9 @@ class ProcessGroup:
         self._private_dir = private_dir
         self._oom_before = oom_before
         self._kill_timeout = kill_timeout
+        # the agent is a subreaper: its orphans started since then are this group's to
+        # stop (see proctree.tree_handles); None when it is not one
+        self._orphans_since = orphans_since
         self._workers: dict[int, _Worker] = {}
         self._exits: asyncio.Queue[WorkerExit] = asyncio.Queue()
         self._stop_task: asyncio.Task[list[WorkerExit]] | None = None
@@ -255,6 +260,11 @@ class ProcessGroup:
         if self._stop_task is None:
             self._stop_task = self._loop.create_task(self._stop(grace, sig))
         return await asyncio.shield(self._stop_task)
+
+    def stopped_cleanly(self) -> bool:
+        """True once :meth:`stop` has finished without an error."""
+        t = self._stop_task
+        return t is not None and t.done() and not t.cancelled() and t.exception() is None
 
     # -- exits ---------------------------------------------------------------------------
 
@@ -339,7 +349,8 @@ class ProcessGroup:
             proctree.tree_handles(
                 (),
                 self.marker,
-                exclude=worker_pids | self._adopted.keys(),
+                exclude=worker_pids | self._adopted.keys() | ReaperSidecar.live_pids,
+                orphans_since=self._orphans_since,
             )
             if scan
             else {}
@@ -414,7 +425,8 @@ class ProcessGroup:
         return proctree.tree_handles(
             [w.pid for w in self._live()],
             self.marker,
-            exclude=worker_pids | set(known),
+            exclude=worker_pids | set(known) | ReaperSidecar.live_pids,
+            orphans_since=self._orphans_since,
         )
 
     def _send_all(self, sig: int, victims: Mapping[int, proctree.ProcHandle]) -> None:
@@ -465,7 +477,7 @@ class ProcessGroup:
         await self._wait_gone(victims, grace)
         deadline = time.monotonic() + self._kill_timeout
         for _ in range(0 if nothing_left else _KILL_ROUNDS):
-            victims = {p: v for p, v in victims.items() if not v.exited}
+            victims = self._release_exited(victims)
             victims.update(self._tree(victims))
             if not self._live() and not victims:
                 nothing_left = True  # this scan found nothing: the one below would not
@@ -483,6 +495,24 @@ class ProcessGroup:
         self._adopt_orphans(scan=not nothing_left)
         self._finish()
         return list(self._stop_exits)
+
+    @staticmethod
+    def _release_exited(
+        victims: Mapping[int, proctree.ProcHandle],
+    ) -> dict[int, proctree.ProcHandle]:
+        """The victims still alive; those that exited are reaped (if ours) and closed.
+
+        Dropping an exited victim without this leaked its pidfd and, for an orphan
+        re-parented to the agent, left it a zombie — at every restart (issue 15).
+        """
+        alive: dict[int, proctree.ProcHandle] = {}
+        for pid, v in victims.items():
+            if v.exited:
+                v.reap()
+                v.close()
+            else:
+                alive[pid] = v
+        return alive
 
     def _finish(self) -> None:
         """All workers are gone: flush the tee pipes and remove the private directory."""
@@ -568,6 +598,8 @@ class ProcessWorkers:
         self._agent_marker: proctree.Marker | None = None
         self._sidecar: ReaperSidecar | None = None
         self._became_subreaper = False
+        self._orphans_since: int | None = None
+        self._groups: list[ProcessGroup] = []  # started and not yet cleanly stopped
 
     @property
     def logs_specs(self) -> LogsSpecs:
@@ -608,6 +640,24 @@ class ProcessWorkers:
             )
         return proctree.Marker(proctree.ERROR_FILE, os.path.join(attempt, ""), prefix=True), {}
 
+    def _kill_orphans(self) -> None:
+        """SIGKILL, best effort, every process of this agent's tree still alive."""
+        if self._agent_marker is None:
+            return
+        try:
+            found = proctree.tree_handles(
+                (),
+                self._agent_marker,
+                exclude=ReaperSidecar.live_pids,
+                orphans_since=self._orphans_since,
+            )
+        except OSError as e:  # out of fds, say: the sidecar's sweep remains
+            logger.error("cannot scan for this agent's processes: %s", e)
+            return
+        for h in found.values():
+            h.send(signal.SIGKILL)
+            h.close()
+
     @property
     def reaper_pid(self) -> int | None:
         return self._sidecar.pid if self._sidecar is not None else None
@@ -618,12 +668,22 @@ class ProcessWorkers:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
-        """Let the sidecar go (after the agent stopped its groups) and reap it."""
+    async def aclose(self, sweep: bool = False) -> None:
+        """Let the sidecar go (after the agent stopped its groups) and reap it.
+
+        With ``sweep`` (the agent is failing), or when a group's stop did not finish
+        cleanly, the sidecar kills every marked process before it leaves, and the
+        agent SIGKILLs its own orphans (those no marker finds): a failing agent leaves
+        nothing behind either.
+        """
+        sweep = sweep or any(not g.stopped_cleanly() for g in self._groups)
+        self._groups.clear()
+        if sweep:
+            self._kill_orphans()
         sidecar = self._sidecar
         if sidecar is None or sidecar.pid is None:
             return
-        sidecar.request_exit()
+        sidecar.request_exit(sweep)
         # wait for its exit on the loop (other coroutines may share it), then let the
         # sidecar's own close() reap it — SIGKILL first if it is still there
         try:
@@ -662,6 +722,9 @@ class ProcessWorkers:
         by_rank = {la.local_rank: la for la in launches}
         if self._subreaper and not self._became_subreaper:
             self._became_subreaper = proctree.become_subreaper()
+            if self._became_subreaper:
+                # a tick early: /proc counts start times in whole ticks, rounded down
+                self._orphans_since = proctree.start_ticks() - 1
 
         # the logs specs read run id and attempt from the env; they may only add
         # TORCHELASTIC_ERROR_FILE to what the worker gets
@@ -677,10 +740,20 @@ class ProcessWorkers:
             self._sidecar = self._reaper
             self._sidecar.start()  # idempotent: normally it is up already
             self._sidecar.set_marker(self._agent_marker.argv())
-        private_dir = tempfile.mkdtemp(prefix="elastic_workers_")
+        self._groups = [g for g in self._groups if not g.stopped_cleanly()]
+        private_dir = tempfile.mkdtemp(prefix=PRIVATE_DIR_PREFIX)
+        if self._sidecar is not None:
+            self._sidecar.add_dir(private_dir)  # removed by the sidecar if the agent dies
         group = ProcessGroup(
-            loop, marker, dest, private_dir, read_oom_counters(), self._kill_timeout
+            loop,
+            marker,
+            dest,
+            private_dir,
+            read_oom_counters(),
+            self._kill_timeout,
+            self._orphans_since,
         )
+        self._groups.append(group)
         try:
             for r in range(len(launches)):
                 la = by_rank[r]
@@ -699,6 +772,7 @@ class ProcessWorkers:
             assert self._agent_marker is not None  # chosen by _markers above
             self._sidecar = ReaperSidecar(self._agent_marker.argv())
             self._sidecar.start()
+            self._sidecar.add_dir(private_dir)
         return group
 
     # -- one worker ----------------------------------------------------------------------

@@ -19,6 +19,13 @@ spending its budget — torch's ``num_nodes_waiting``), ``"peer_lost"`` when a m
 lease key ``ctl/alive/<rank>`` vanished (its node died: the lease expired
 ``heartbeat_timeout`` after its last renewal), and ``"closed"`` after ``set_closed``.
 Ranks never change: ``rank`` is the node rank the user gave.
+
+What workers are told (``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE``)
+is true: no agent speaks torch's TCPStore protocol, so ``use_agent_store`` is False and
+the workers' rank 0 hosts their own store.  On one node that is at ``--master-port``
+(nothing of the agent's listens there); on several, node 0's agent hosts the
+rendezvous store at ``--master-port`` (where torch hosts its TCPStore), so node 0
+gives its workers another port, free on its machine, and publishes it.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ class StaticRendezvous(RendezvousHandler):
         master_port: int,
         timeout: float = 600,
         heartbeat_timeout: float = 15,
+        worker_port: int | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} must be in [0, {world_size})")
@@ -65,6 +73,7 @@ class StaticRendezvous(RendezvousHandler):
         self._world_size = world_size
         self._master_addr = master_addr
         self._master_port = master_port
+        self._worker_port = master_port if worker_port is None else worker_port
         self._timeout = timeout
         self._heartbeat_timeout = heartbeat_timeout
         self._base = f"static/{run_id}/"
@@ -78,7 +87,8 @@ class StaticRendezvous(RendezvousHandler):
 
     @property
     def use_agent_store(self) -> bool:
-        return True
+        """False: the workers' rank 0 hosts their store (see the module docstring)."""
+        return False
 
     def get_run_id(self) -> str:
         return self._run_id
@@ -143,7 +153,7 @@ class StaticRendezvous(RendezvousHandler):
         self._round_rev = (await store.snapshot(self._ctl))[0]
         round_store = PrefixStore(store, f"{self._base}kv/r{target}")
         info = await RendezvousStoreInfo.build_async(
-            self._rank, round_store, self._master_addr, self._master_port, self._timeout
+            self._rank, round_store, self._master_addr, self._worker_port, self._timeout
         )
         return RendezvousInfo(round_store, self._rank, self._world_size, info, round=target)
 
@@ -194,6 +204,11 @@ def create_static_handler(params: RendezvousParameters, ctx: Any) -> StaticRende
         )
     timeout = params.get_as_int("timeout", 600) or 600
     heartbeat = params.get_as_int("heartbeat_timeout", 15) or 15
+    worker_port = None
+    if params.max_nodes > 1 and rank == 0:
+        # node 0's agent hosts the rendezvous store at the master port
+        chooser = getattr(ctx, "port_chooser", None)
+        worker_port = int(chooser()) if chooser is not None else int(port) + 1
     return StaticRendezvous(
         ctx.store,
         ctx.clock,
@@ -204,4 +219,5 @@ def create_static_handler(params: RendezvousParameters, ctx: Any) -> StaticRende
         int(port),
         timeout=float(timeout),
         heartbeat_timeout=float(heartbeat),
+        worker_port=worker_port,
     )

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import inspect
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ from elastic.rendezvous.api import (
     RendezvousInfo,
 )
 from elastic.store import Store
-from elastic.workers import RunningGroup, WorkerExit, WorkerLaunch, WorkersPort
+from elastic.workers import ExitCause, RunningGroup, WorkerExit, WorkerLaunch, WorkersPort
 
 __all__ = [
     "DEFAULT_ROLE",
@@ -223,8 +224,59 @@ class _Outcome(enum.Enum):
     HEALTH = 2
 
 
+#: torch's documented ``SimpleElasticAgent`` hooks (seed 001).  Ours that exist are
+#: coroutines; the others have no counterpart in the event-driven loop (worker exits are
+#: awaited, not monitored; stopping is the workers port's), so an override would never
+#: be called.  A subclass overriding one the wrong way is refused at construction.
+TORCH_HOOKS = (
+    "_assign_worker_ranks",
+    "_exit_barrier",
+    "_get_master_addr_port",
+    "_initialize_workers",
+    "_monitor_workers",
+    "_rendezvous",
+    "_restart_workers",
+    "_set_master_addr_port",
+    "_share_and_gather",
+    "_shutdown",
+    "_start_workers",
+    "_stop_workers",
+)
+
+
+def torch_hook_refusal(cls: type) -> str | None:
+    """Why an agent class overriding torch's hooks cannot run, or ``None`` if it can."""
+    for name in TORCH_HOOKS:
+        mine = getattr(cls, name, None)
+        ours = getattr(SimpleElasticAgent, name, None)
+        if mine is None or mine is ours:
+            continue
+        if ours is None:
+            return (
+                f"{cls.__qualname__}.{name} overrides torch's hook, which elastic's "
+                "event-driven agent never calls (worker exits are awaited and the workers "
+                "port stops the group): subclass LocalElasticAgent or override the "
+                "async hooks _rendezvous, _start_workers, _initialize_workers, "
+                "_restart_workers or _exit_barrier instead"
+            )
+        if inspect.iscoroutinefunction(ours) and not inspect.iscoroutinefunction(mine):
+            return (
+                f"{cls.__qualname__}.{name} is synchronous (torch's signature), but "
+                f"elastic's agent awaits it on its event loop: declare it `async def {name}` "
+                "(call blocking code in it with `await self.clock.run_in_thread(fn)` in "
+                "real mode)"
+            )
+    return None
+
+
 class SimpleElasticAgent(ElasticAgent):
-    """The elastic agent, event-driven, over the clock, store and workers ports."""
+    """The elastic agent, event-driven, over the clock, store and workers ports.
+
+    A subclass may override the asynchronous hooks (``_rendezvous``, ``_start_workers``,
+    ``_initialize_workers``, ``_restart_workers``, ``_exit_barrier``).  One that
+    overrides torch's synchronous hooks is refused at construction with a ``TypeError``
+    naming the hook (see :func:`torch_hook_refusal`).
+    """
 
     def __init__(
         self,
@@ -241,6 +293,9 @@ class SimpleElasticAgent(ElasticAgent):
         env_hooks: list[EnvHook] | None = None,
         rank_exchange_timeout: float = 600,
     ) -> None:
+        refusal = torch_hook_refusal(type(self))
+        if refusal is not None:
+            raise TypeError(refusal)
         self._worker_group = WorkerGroup(spec)
         self._remaining_restarts = spec.max_restarts
         self._store: Store | None = None
@@ -257,6 +312,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._env_hooks = list(env_hooks or [])
         self._rank_exchange_timeout = rank_exchange_timeout
         self._group: RunningGroup | None = None
+        self._seen_exits: dict[int, WorkerExit] = {}  # local rank -> exit, this group's
         self._attempt = 0
         self._rounds = 0
         self._round = 0
@@ -333,6 +389,8 @@ class SimpleElasticAgent(ElasticAgent):
         """Run the agent; ``None`` when this node exits gracefully from the rendezvous."""
         start = self.clock.now()
         spec = self._worker_group.spec
+        # a torch-style synchronous handler runs in threads (real) or is refused (sim)
+        spec.rdzv_handler.bind_clock(self.clock, spec.monitor_interval)
         self._emit("agent.start", max_restarts=spec.max_restarts)
         result: RunResult | None = None
         try:
@@ -394,7 +452,9 @@ class SimpleElasticAgent(ElasticAgent):
                     self._remaining_restarts -= 1
                     await self._restart_workers(wg, "failure")
                     continue
+                group = self._group
                 await self._stop_group("restarts_exhausted")
+                await self._add_other_failures(wg, group, run_result)
                 wg.state = WorkerState.FAILED
                 return self._with_failure_records(run_result)
             if outcome is _Outcome.HEALTH:
@@ -441,6 +501,7 @@ class SimpleElasticAgent(ElasticAgent):
 
     async def _group_outcome(self, wg: WorkerGroup, group: RunningGroup) -> RunResult:
         exits: dict[int, WorkerExit] = {}
+        self._seen_exits = exits
         by_local = {w.local_rank: w for w in wg.workers}
         while True:
             ex = await group.next_exit()
@@ -466,6 +527,35 @@ class SimpleElasticAgent(ElasticAgent):
                         by_local[lr].global_rank: e.return_value for lr, e in exits.items()
                     },
                 )
+
+    async def _add_other_failures(
+        self, wg: WorkerGroup, group: RunningGroup, result: RunResult
+    ) -> None:
+        """Add to ``result`` every other worker of the stopped ``group`` that did not exit 0.
+
+        torch's report lists every failed rank, root cause first, not only the exit that
+        decided the outcome: workers of a job often fail together, and torch records the
+        siblings its stop ended too (exit code -15, here with the cause "stopped by the
+        agent").  The group is stopped, so every exit the agent has not taken is queued
+        and ``next_exit`` returns at once.
+        """
+        by_local = {w.local_rank: w for w in wg.workers}
+        for _ in range(len(by_local) - len(self._seen_exits)):
+            ex = await group.next_exit()
+            self._seen_exits[ex.local_rank] = ex
+            w = by_local.get(ex.local_rank)
+            if ex.failed and w is not None:
+                if ex.cause is not ExitCause.STOPPED_BY_AGENT:
+                    self._emit(
+                        "torchelastic.worker.status.FAILED",
+                        rank=w.global_rank,
+                        local_rank=ex.local_rank,
+                        exit_code=ex.exit_code,
+                        cause=ex.cause.value,
+                        worker_pid=ex.pid,
+                        attempt=self._attempt,
+                    )
+                result.failures.setdefault(w.global_rank, ex)
 
     def _failure(self, ex: WorkerExit) -> Any:
         """The failure record kept in ``RunResult.failures`` (a ProcessFailure in real mode)."""

@@ -62,7 +62,7 @@ from elastic.agent.server.api import (
     WorkerGroup,
     WorkerSpec,
 )
-from elastic.errors import ConfigError, ElasticError
+from elastic.errors import ConfigError
 from elastic.events import EventSink
 from elastic.ids import uuid4_str
 from elastic.multiprocessing.api import LogsSpecs
@@ -91,25 +91,15 @@ DEFAULT_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 #: The NVIDIA driver's control device: without it NVML cannot start.
 NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
 
-
-class SignalException(ElasticError):
-    """The agent received a termination signal (torch's name; ``sigval`` is the signal).
-
-    Raised by :meth:`LocalElasticAgent.run` after the workers were stopped with the
-    same signal; ``elastic run`` exits 1, as torchrun does.
-    """
-
-    def __init__(self, msg: str, sigval: signal.Signals) -> None:
-        super().__init__(msg, sigval)
-        self.msg = msg
-        self.sigval = sigval
-
-    def __str__(self) -> str:
-        return self.msg
+# torch defines it in elastic.multiprocessing.api; the agent raises it
+from elastic.multiprocessing.api import SignalException  # noqa: E402
 
 
 def parse_signals(names: str) -> list[signal.Signals]:
-    """``"SIGTERM,SIGINT"`` → signals; unknown names are logged and skipped (as torch)."""
+    """``"SIGTERM,SIGINT"`` → signals; unknown names are logged and skipped (as torch).
+
+    ``SIGCHLD`` is refused (:class:`ConfigError`): each worker exit sends it to the agent.
+    """
     out: list[signal.Signals] = []
     for raw in names.split(","):
         name = raw.strip()
@@ -123,6 +113,12 @@ def parse_signals(names: str) -> list[signal.Signals]:
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             logger.warning("Signal %s cannot be handled; ignoring it", name)
             continue
+        if sig == signal.SIGCHLD:
+            # every worker exit raises it: the agent would stop itself at the first one
+            raise ConfigError(
+                "--signals-to-handle",
+                "SIGCHLD cannot be a termination signal (every worker exit sends it); remove it",
+            )
         out.append(sig)
     return out
 
@@ -312,11 +308,15 @@ class LocalElasticAgent(SimpleElasticAgent):
                 "the agent is not on the main thread: it cannot handle termination signals "
                 "(its workers still die with it)"
             )
+        failed = True  # until the run returns or stops by a signal: see _tear_down
         try:
             self._set_up()
-            return await super().run_async(role)
+            result = await super().run_async(role)
+            failed = False
+            return result
         except asyncio.CancelledError:
             if received:
+                failed = False
                 sig = received[0]
                 raise SignalException(
                     f"Process {os.getpid()} got signal: {int(sig)}", sigval=sig
@@ -325,7 +325,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
-            await self._tear_down()
+            await self._tear_down(sweep=failed)
 
     def run(self, role: str = DEFAULT_ROLE) -> RunResult | None:
         """Run the agent to the end on a fresh event loop; raises SignalException."""
@@ -385,6 +385,13 @@ class LocalElasticAgent(SimpleElasticAgent):
             timeout = _health_timeout()
             if timeout is None:
                 return
+            if not 0 <= port_number <= 65535:
+                logger.error(
+                    "%s: got %r; expected a port number 0..65535. Not serving /health",
+                    TORCHELASTIC_HEALTH_CHECK_PORT,
+                    port,
+                )
+                return
             server = hcs.create_healthcheck_server(
                 alive_callback=self.get_last_progress_time, port=port_number, timeout=timeout
             )
@@ -392,33 +399,58 @@ class LocalElasticAgent(SimpleElasticAgent):
             server.metrics_callback = self._health_metrics
             self._health_check_server = server
         if self._health_check_server is not None:
-            self._health_check_server.start()
+            try:
+                self._health_check_server.start()
+            except (OSError, OverflowError, ValueError) as e:
+                # the job runs without its health endpoint (as for a bad port value)
+                logger.error(
+                    "%s: cannot serve /health on port %s: %s. Not serving /health",
+                    TORCHELASTIC_HEALTH_CHECK_PORT,
+                    port,
+                    getattr(e, "strerror", None) or e,
+                )
+                self._health_check_server = None
+                return
             self._emit(
                 "agent.health_server",
                 port=getattr(self._health_check_server, "port", None),
             )
 
-    async def _tear_down(self) -> None:
-        # a stop cut short by a signal is finished here: no worker outlives the run
-        for group in self._groups:
-            with contextlib.suppress(Exception):
-                await group.stop(self._shutdown_timeout, self._death_sig)
-        self._groups.clear()
-        if self._health_check_server is not None:
-            with contextlib.suppress(Exception):
-                self._health_check_server.stop()
-        if self._timer_server is not None:
-            self._timer_server.stop()
-            self._timer_server = None
-        if self._progress_source is not None:
-            self._progress_source.stop()
-            self._progress_source = None
-        if self._private_dir is not None:
-            shutil.rmtree(self._private_dir, ignore_errors=True)
-            self._private_dir = None
-        await self._process_workers.aclose()
+    async def _tear_down(self, sweep: bool = False) -> None:
+        """Stop what the run set up; ``sweep``: the agent is failing (an exception of
+        its own), so the reaper sidecar also kills every marked process before it goes
+        (issue 15: a crashing agent used to tell it to quit without a sweep)."""
+        try:
+            # a stop cut short by a signal is finished here: no worker outlives the run
+            for group in self._groups:
+                try:
+                    await group.stop(self._shutdown_timeout, self._death_sig)
+                except Exception as e:  # logged; the sweep below covers it
+                    logger.error("stopping the workers failed: %s", e)
+                    sweep = True
+            self._groups.clear()
+            if self._health_check_server is not None:
+                with contextlib.suppress(Exception):
+                    self._health_check_server.stop()
+            if self._timer_server is not None:
+                with contextlib.suppress(Exception):
+                    self._timer_server.stop()
+                self._timer_server = None
+            if self._progress_source is not None:
+                with contextlib.suppress(Exception):
+                    self._progress_source.stop()
+                self._progress_source = None
+            if self._private_dir is not None:
+                shutil.rmtree(self._private_dir, ignore_errors=True)
+                self._private_dir = None
+        finally:
+            await self._process_workers.aclose(sweep=sweep)
 
     # -- hooks of the loop ---------------------------------------------------------------
+    def _emit(self, kind: str, rank: int | None = None, **fields: Any) -> None:
+        super()._emit(kind, rank, **fields)
+        _log_event(self._worker_group.spec, kind, rank, fields)
+
     async def _start_workers(self, wg: WorkerGroup) -> None:
         if self._progress_monitor is not None:
             self._progress_monitor.reset(range(wg.spec.local_world_size))
@@ -512,6 +544,61 @@ class LocalElasticAgent(SimpleElasticAgent):
                 loop.call_soon_threadsafe(emit)
         except RuntimeError:
             pass  # the loop closed meanwhile: the run is over
+
+
+def _log_event(spec: WorkerSpec, kind: str, rank: int | None, fields: dict[str, Any]) -> None:
+    """What torchrun logs of a failure, a restart and a new round, in its words and levels.
+
+    Real mode only: the simulator's agents do not log (a simulation has thousands of
+    failures; its report and event log say what happened).
+    """
+    role = spec.role
+    if kind == "torchelastic.worker.status.FAILED":
+        code = int(fields.get("exit_code", 0))
+        how = ""
+        if code < 0:
+            try:
+                how = f", signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f", signal {-code}"
+        logger.error(
+            "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s (rank %s%s, %s)",
+            code,
+            fields.get("local_rank"),
+            fields.get("worker_pid"),
+            spec.get_entrypoint_name(),
+            rank,
+            how,
+            fields.get("cause", "exited"),
+        )
+    elif kind == "agent.restart":
+        reason = fields.get("reason")
+        if reason == "membership":
+            logger.info(
+                "[%s] Detected a membership change (%s); will restart worker group",
+                role,
+                fields.get("detail") or "membership",
+            )
+        else:
+            # torch logs the budget before spending one restart; the event has it after
+            logger.info(
+                "[%s] Worker group %s. %s/%s attempts left; will restart worker group",
+                role,
+                "UNHEALTHY" if reason == "unhealthy" else "FAILED",
+                int(fields.get("remaining_restarts", 0)) + 1,
+                spec.max_restarts,
+            )
+    elif kind == "agent.group_started":
+        logger.info(
+            "[%s] Rendezvous complete for workers. Result: restart_count=%s group_rank=%s "
+            "group_world_size=%s world_size=%s attempt=%s",
+            role,
+            fields.get("restart_count"),
+            fields.get("group_rank"),
+            fields.get("group_world_size"),
+            fields.get("world_size"),
+            fields.get("attempt"),
+        )
 
 
 def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
