@@ -62,6 +62,8 @@ T = TypeVar("T")
 
 # etcd's default --max-txn-ops: a multi_set above it cannot be one revision
 MAX_TXN_OPS = 128
+# how long a watch with a short timeout waits for etcd to replay changes already made
+REPLAY_GRACE = 1.0
 # one attempt on one endpoint never waits longer than this, so a member that hangs
 # (rather than refusing) is left for the next one well before read_timeout
 ATTEMPT_TIMEOUT = 10.0
@@ -205,6 +207,7 @@ class EtcdLease(Lease):
             return
         self._state = "expired"
         self._client._keeper.forget(self.id)
+        self._client._granted.pop(self.id, None)
         g = self._client._g
         await self._client._unary(
             f"revoke lease {self.id:x}",
@@ -214,6 +217,7 @@ class EtcdLease(Lease):
 
     def _expired(self) -> None:
         self._state = "expired"
+        self._client._granted.pop(self.id, None)
 
 
 class _KeepAlive:
@@ -355,6 +359,7 @@ class EtcdStoreClient:
         # MemoryStore counts them), and add() transactions lost to a concurrent writer
         self.stats = StoreStats()
         self.cas_retries = 0
+        self._granted: dict[int, EtcdLease] = {}  # not known to be expired or revoked
         self._add_locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
@@ -433,10 +438,15 @@ class EtcdStoreClient:
             f"{per_endpoint:g}s ({'; '.join(errors)}); is etcd running there?"
         )
 
-    async def aclose(self) -> None:
-        """Stop renewing leases (their keys expire ``ttl`` later) and close the channels."""
+    async def aclose(self, *, revoke_leases: bool = False) -> None:
+        """Close the client.  By default its leases are no longer renewed and their keys
+        expire ``ttl`` later (as if this process died); with ``revoke_leases`` they are
+        revoked first, so their keys vanish now (a graceful leave)."""
         if self._closed:
             return
+        if revoke_leases:
+            for lease in list(self._granted.values()):
+                await lease.revoke()
         self._closed = True
         await self._keeper.aclose()
         for ep in self._endpoints:
@@ -622,24 +632,29 @@ class EtcdStoreClient:
     async def get(self, key: str, timeout: float | None = None) -> bytes:
         self._check_open()
         self.stats.ops += 1
+        k = self._k(key)
+        # the first read is not under ``timeout``: a present key returns even at timeout=0
+        resp = await self._range(k)
+        if resp.kvs:
+            return bytes(resp.kvs[0].value)
         shown = "forever" if timeout is None else f"{timeout:g}s"
         return await self._in_time(
-            timeout, self._get(key), f"key {key!r} was not set within {shown}"
+            timeout,
+            self._wait_put(k, int(resp.header.revision) + 1),
+            f"key {key!r} was not set within {shown}",
         )
 
-    async def _get(self, key: str) -> bytes:
-        k = self._k(key)
+    async def _wait_put(self, k: bytes, start: int) -> bytes:
+        """The value of the first put of ``k`` at revision >= ``start`` (no polling)."""
         put = self._g.rpc.Event.PUT
         while True:
-            resp = await self._range(k)
-            if resp.kvs:
-                return bytes(resp.kvs[0].value)
-            _, ev = await self._watch_first(
-                k, b"", int(resp.header.revision) + 1, lambda e: e.type == put
-            )
+            _, ev = await self._watch_first(k, b"", start, lambda e: e.type == put)
             if ev is not None:
                 return bytes(ev.kv.value)
-            # compacted under us: read again
+            resp = await self._range(k)  # compacted under us: read again
+            if resp.kvs:
+                return bytes(resp.kvs[0].value)
+            start = int(resp.header.revision) + 1
 
     async def try_get(self, key: str) -> bytes | None:
         self._check_open()
@@ -720,10 +735,18 @@ class EtcdStoreClient:
     async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         self._check_open()
         self.stats.ops += 1
+        # which keys are missing, read before the clock starts (so timeout=0 works)
+        missing: list[tuple[str, int]] = []
+        for key in keys:
+            resp = await self._range(self._k(key))
+            if not resp.kvs:
+                missing.append((key, int(resp.header.revision) + 1))
+        if not missing:
+            return
 
         async def all_of() -> None:
-            for k in keys:
-                await self._get(k)
+            for key, start in missing:
+                await self._wait_put(self._k(key), start)
 
         if timeout is None:
             await all_of()
@@ -732,9 +755,9 @@ class EtcdStoreClient:
             async with asyncio.timeout(max(0.0, timeout)):
                 await all_of()
         except TimeoutError:
-            missing = [k for k in keys if await self.try_get(k) is None]
+            still = [k for k in keys if await self.try_get(k) is None]
             raise TimeoutError(
-                f"keys {missing[:5]!r}{'…' if len(missing) > 5 else ''} "
+                f"keys {still[:5]!r}{'…' if len(still) > 5 else ''} "
                 f"were not set within {timeout:g}s"
             ) from None
 
@@ -787,6 +810,7 @@ class EtcdStoreClient:
             raise StoreError(f"etcd at {self._ep().name}: grant lease failed: {resp.error}")
         # etcd grants whole seconds and at least its minimum TTL (1.5 x election timeout)
         lease = EtcdLease(self, int(resp.ID), float(resp.TTL))
+        self._granted[lease.id] = lease
         self._keeper.add(lease)
         return lease
 
@@ -801,9 +825,18 @@ class EtcdStoreClient:
         }
 
     async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
+        """The first revision > ``after`` that changed a key under ``prefix``.
+
+        With a ``timeout``, changes already made (revisions up to now) are still
+        reported however short it is: etcd replays a new watcher's history from its
+        sync loop (every 100 ms), so when the store has moved past ``after`` the
+        replay gets up to :data:`REPLAY_GRACE` seconds before ``timeout`` counts.
+        """
         self._check_open()
         self.stats.ops += 1
         p = self._k(prefix)
+        if timeout is not None and await self.revision() > after:
+            timeout = max(timeout, REPLAY_GRACE)
         rev, _ = await self._in_time(
             timeout,
             self._watch_first(p, _range_end(p), after + 1, lambda e: True),
