@@ -12,6 +12,7 @@ get / wait         ``Range``; if absent, a ``Watch`` on the key from the
                    range's revision + 1 until a put (no polling)
 add                ``Txn``: compare mod revision, put ``n + amount``; on a lost
                    race the failure branch reads the new value and we retry
+                   after a jittered back-off (tasks of one client queue per key)
 compare_set        ``Txn``: compare value (``None``: create revision == 0)
 multi_get / _set   one ``Txn`` of ranges / puts (one revision)
 lease              ``LeaseGrant`` (whole seconds, at least etcd's minimum);
@@ -26,14 +27,20 @@ watch              ``Watch`` from ``after + 1``; a compacted revision returns th
 Every key is stored under ``prefix`` (default ``/elastic/``) so several jobs share a
 cluster; the port's keys are relative to it.
 
+Timeouts: the first read of ``get``/``wait`` is not under their ``timeout`` (a present
+key is returned even at ``timeout=0``); a ``watch`` with a short timeout still reports
+changes already made (see :meth:`EtcdStoreClient.watch`).
+
 Failures: a call that gets ``UNAVAILABLE`` (member down, no leader, leader changed)
 is retried on the next endpoint with a short back-off until ``read_timeout`` has
 passed, so a job rides out a leader change or one member down when it lists several
-endpoints.  Running out of time raises the builtin :class:`TimeoutError`; every other
-failure raises :class:`~elastic.errors.StoreError` naming the endpoint.  A write whose
-connection breaks after the request left may be retried and so applied twice (etcd's
-own client has the same window for non-idempotent requests); ``add`` and
-``compare_set`` are transactions, so a retried ``compare_set`` is harmless.
+endpoints.  Watches require a leader (etcd closes them on a member that lost it) and
+are re-created on the next endpoint from the last revision seen, so no event is lost.
+Running out of time raises the builtin :class:`TimeoutError`; every other failure
+raises :class:`~elastic.errors.StoreError` naming the endpoint.  A write whose
+connection breaks after the request left may have been applied and is retried (etcd's
+own client has the same window for non-idempotent requests): a retried ``set``,
+``compare_set`` or ``multi_set`` is harmless, a retried ``add`` may count twice.
 
 ``grpc`` and the etcd protobufs (from ``aetcd``) are imported by :meth:`connect`, not
 by this module, so ``elastic run`` with another backend never pays for them.
@@ -62,6 +69,8 @@ T = TypeVar("T")
 
 # etcd's default --max-txn-ops: a multi_set above it cannot be one revision
 MAX_TXN_OPS = 128
+# etcd's clientv3.WithRequireLeader, as gRPC metadata
+_REQUIRE_LEADER = (("hasleader", "true"),)
 # how long a watch with a short timeout waits for etcd to replay changes already made
 REPLAY_GRACE = 1.0
 # one attempt on one endpoint never waits longer than this, so a member that hangs
@@ -557,7 +566,9 @@ class EtcdStoreClient:
         while True:
             self._check_open()
             ep = self._ep()
-            call = ep.watch.Watch()
+            # "hasleader": the member ends the stream if it loses its leader (a partitioned
+            # member would otherwise keep a watch open that never fires); we move on
+            call = ep.watch.Watch(metadata=_REQUIRE_LEADER)
             try:
                 create = g.rpc.WatchCreateRequest(
                     key=key, range_end=range_end, start_revision=start
