@@ -11,6 +11,8 @@ the defaults), so lease timings here are seconds where MemoryStore's are millise
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -372,3 +374,24 @@ def test_the_helper_kills_its_servers_and_removes_their_data_even_on_failure() -
     assert data is not None and not data.exists()
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_member_that_stops_answering_gives_timeouterror_after_read_timeout() -> None:
+    with EtcdCluster(etcd_binary("distro"), members=1) as cluster:
+
+        async def body() -> float:
+            c = await EtcdStoreClient.connect(cluster.endpoints, read_timeout=1)
+            try:
+                await c.set("k", b"v")
+                os.kill(cluster.pid(0), signal.SIGSTOP)  # alive, but silent
+                t0 = time.monotonic()
+                try:
+                    with pytest.raises(TimeoutError, match="read_timeout=1s"):
+                        await c.try_get("k")
+                    return time.monotonic() - t0
+                finally:
+                    os.kill(cluster.pid(0), signal.SIGCONT)
+            finally:
+                await c.aclose()
+
+        assert within(shared_loop().run(body()), 1.0, slack=3.0)
