@@ -3,7 +3,8 @@
 ``leaky_worker.py <dir> <crash|wait|ok> [<seconds>]``: the three sleep ``<seconds>``
 (default 300; a unique value lets a test find them by command line).  Writes
 ``<dir>/<local rank>_<attempt>`` with the three pids (atomically), then exits 1
-(crash), sleeps (wait) or exits 0 (ok).  Used by
+(crash), sleeps (wait) or exits 0 (ok); ``<n>:<then>`` crashes in attempts below ``n``
+and does ``<then>`` from attempt ``n`` on.  Used by
 the leak regression tests and the soak test (tests/test_leaks.py, tests/test_soak.py,
 bench/bench_soak.py).
 """
@@ -36,6 +37,9 @@ def main() -> None:
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     helper = subprocess.Popen(["/bin/sleep", seconds])
     pids = [helper.pid, daemon(None, seconds), daemon({}, seconds)]
+    if ":" in mode:
+        n, then = mode.split(":", 1)
+        mode = "crash" if int(attempt) < int(n) else then
     path = os.path.join(where, f"{rank}_{attempt}")
     with open(path + ".tmp", "w") as f:
         f.write(" ".join(map(str, pids)))

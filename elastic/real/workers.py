@@ -283,6 +283,7 @@ class ProcessGroup:
                 return  # spurious wake-up: not exited yet
             code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
         now = time.monotonic()
+        _WORKER_PIDS.discard(w.pid)
         self._loop.remove_reader(w.handle.fd)
         w.handle.exited = True
         for fd in w.tee_fds:
@@ -345,16 +346,19 @@ class ProcessGroup:
         self._adopt_scheduled = False
         me = os.getpid()
         worker_pids = {w.pid for w in self._workers.values()}
+        zombies: list[int] = []
         found = (
             proctree.tree_handles(
                 (),
                 self.marker,
-                exclude=worker_pids | self._adopted.keys() | ReaperSidecar.live_pids,
+                exclude=worker_pids | self._adopted.keys() | _excluded(),
                 orphans_since=self._orphans_since,
+                zombies=zombies,
             )
             if scan
             else {}
         )
+        _reap_zombies(zombies)
         for pid, h in found.items():
             try:
                 st = proctree.proc_stat(pid)
@@ -422,12 +426,16 @@ class ProcessGroup:
 
     def _tree(self, known: Mapping[int, proctree.ProcHandle]) -> dict[int, proctree.ProcHandle]:
         worker_pids = {w.pid for w in self._workers.values()}
-        return proctree.tree_handles(
+        zombies: list[int] = []
+        found = proctree.tree_handles(
             [w.pid for w in self._live()],
             self.marker,
-            exclude=worker_pids | set(known) | ReaperSidecar.live_pids,
+            exclude=worker_pids | set(known) | _excluded(),
             orphans_since=self._orphans_since,
+            zombies=zombies,
         )
+        _reap_zombies(zombies)
+        return found
 
     def _send_all(self, sig: int, victims: Mapping[int, proctree.ProcHandle]) -> None:
         for w in self._live():
@@ -524,6 +532,23 @@ class ProcessGroup:
         for w in self._workers.values():
             w.handle.close()
         shutil.rmtree(self._private_dir, ignore_errors=True)
+
+
+#: Worker pids of every ProcessWorkers of this process not yet reaped: their exits are
+#: read by their group (several agents may share a process), never by an orphan sweep.
+_WORKER_PIDS: set[int] = set()
+
+
+def _excluded() -> set[int]:
+    """Children of this process that are never orphans: workers and reaper sidecars."""
+    return _WORKER_PIDS | ReaperSidecar.live_pids
+
+
+def _reap_zombies(pids: list[int]) -> None:
+    """Collect zombie orphans re-parented to the agent (each would stay a zombie)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def _read_result(path: str) -> tuple[Any, str | None]:
@@ -648,7 +673,7 @@ class ProcessWorkers:
             found = proctree.tree_handles(
                 (),
                 self._agent_marker,
-                exclude=ReaperSidecar.live_pids,
+                exclude=_excluded(),
                 orphans_since=self._orphans_since,
             )
         except OSError as e:  # out of fds, say: the sidecar's sweep remains
@@ -856,6 +881,7 @@ class ProcessWorkers:
         finally:
             for fd in to_close:
                 os.close(fd)
+        _WORKER_PIDS.add(pid)
         handle = proctree.ProcHandle.open(pid)
         if handle is None:  # cannot happen for an unreaped child; keep mypy and us honest
             raise ElasticError(f"worker pid {pid} vanished before it could be watched")
