@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
@@ -381,14 +382,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     def _start_health_check_server(self) -> None:
         port = os.environ.get(TORCHELASTIC_HEALTH_CHECK_PORT)
         if self._health_check_server is None and port is not None:
-            try:
-                port_number = int(port)
-            except ValueError:
-                logger.error(
-                    "%s: got %r; expected a port number. Not serving /health",
-                    TORCHELASTIC_HEALTH_CHECK_PORT,
-                    port,
-                )
+            port_number = health_port(port)
+            if port_number is None:
                 return
             try:
                 from elastic.agent.server import health_check_server as hcs
@@ -397,13 +392,6 @@ class LocalElasticAgent(SimpleElasticAgent):
                 return
             timeout = _health_timeout()
             if timeout is None:
-                return
-            if not 0 <= port_number <= 65535:
-                logger.error(
-                    "%s: got %r; expected a port number 0..65535. Not serving /health",
-                    TORCHELASTIC_HEALTH_CHECK_PORT,
-                    port,
-                )
                 return
             server = hcs.create_healthcheck_server(
                 alive_callback=self.get_last_progress_time, port=port_number, timeout=timeout
@@ -419,7 +407,7 @@ class LocalElasticAgent(SimpleElasticAgent):
                 logger.error(
                     "%s: cannot serve /health on port %s: %s. Not serving /health",
                     TORCHELASTIC_HEALTH_CHECK_PORT,
-                    port,
+                    _shown(port),
                     getattr(e, "strerror", None) or e,
                 )
                 self._health_check_server = None
@@ -562,6 +550,31 @@ def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
+def _shown(raw: str | None) -> str:
+    """``raw`` for a log line: repr, at most 60 characters (an environment value may be
+    megabytes long)."""
+    text = repr(raw)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def health_port(raw: str) -> int | None:
+    """``TORCHELASTIC_HEALTH_CHECK_PORT`` as a port number 0..65535, or None (one line is
+    logged, naming the variable, the value and what was expected: the job then runs
+    without /health, as torch does for a bad value).  Accepts at most 100 characters."""
+    try:
+        number = int(raw) if len(raw) <= 100 else -1
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        logger.error(
+            "%s: got %s; expected a port number 0..65535. Not serving /health",
+            TORCHELASTIC_HEALTH_CHECK_PORT,
+            _shown(raw),
+        )
+        return None
+    return number
+
+
 def _health_timeout() -> float | None:
     """Seconds without progress before ``/health`` says 503 (torch: 60).
 
@@ -570,13 +583,14 @@ def _health_timeout() -> float | None:
     """
     raw = os.environ.get("ELASTIC_HEALTH_CHECK_TIMEOUT", "60")
     try:
-        value = float(raw)
+        value = float(raw) if len(raw) <= 100 else -1.0
     except ValueError:
         value = -1.0
-    if not value > 0:
+    if not 0 < value < math.inf:
         logger.error(
-            "ELASTIC_HEALTH_CHECK_TIMEOUT: got %r; expected seconds > 0. Not serving /health",
-            raw,
+            "ELASTIC_HEALTH_CHECK_TIMEOUT: got %s; expected seconds > 0 (finite). "
+            "Not serving /health",
+            _shown(raw),
         )
         return None
     return value
