@@ -67,6 +67,8 @@ class Soak:
     returncode: int | None = None
     samples: list[Sample] = field(default_factory=list)
     leftovers: list[int] = field(default_factory=list)
+    #: what each leftover was: "pid ppid state cmdline"
+    details: list[str] = field(default_factory=list)
     #: attempt → pids each worker wrote: [helper, marked daemon, env={} daemon] per worker
     pids: dict[int, list[list[int]]] = field(default_factory=dict)
     seconds: float = 0.0
@@ -202,6 +204,10 @@ def run(
             time.sleep(0.05)
         out.leftovers = sorted(set(left))
         for pid in out.leftovers:
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                out.details.append(f"{pid} ppid {p.ppid()} {p.status()} {' '.join(p.cmdline())}")
+        for pid in out.leftovers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     return out
@@ -243,7 +249,7 @@ def main() -> None:
         f"exhausted), {result.seconds:.0f} s in all "
         f"({result.seconds / max(len(result.samples), 1) * 1000:.0f} ms per attempt).",
         f"Attempts sampled: {len(result.samples)}.  Processes of the job left afterwards: "
-        f"{len(result.leftovers)}.",
+        f"{len(result.leftovers)}{': ' + '; '.join(result.details) if result.details else ''}.",
         "",
         "| agent figure | after 5 attempts | last attempt | max after 5 |",
         "|---|---:|---:|---:|",

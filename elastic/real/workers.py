@@ -44,9 +44,15 @@ go through a pipe: the loop reads it when readable and a
 redirected nor filtered out are the agent's own stdout/stderr, as in torch.
 
 Stopping and orphans.  ``stop(grace, sig)`` signals each live worker's process group and
-every descendant found by parentage or marker (:mod:`elastic.real.proctree`), waits —
-on pidfds, not by polling — up to ``grace`` for all of them, then SIGKILLs and rescans
-until nothing is left.  If the agent itself dies, the workers die by their death signal
+every descendant found by parentage or marker (:mod:`elastic.real.proctree`), and every
+orphan re-parented to the agent since its first start (the agent is a child subreaper:
+a double-forked daemon started with ``env={}`` carries no marker but lands there), waits
+— on pidfds, not by polling — up to ``grace`` for all of them, then SIGKILLs and rescans
+until nothing is left.  Every victim's pidfd is closed and every victim that was the
+agent's child reaped as soon as it is gone, and zombie orphans found by a scan are
+reaped: fds and zombies stay flat over restarts (tests/test_soak.py).  If the agent
+fails (``aclose(sweep=True)``, or a stop that raised) the sidecar sweeps every marked
+process before it leaves.  If the agent itself dies, the workers die by their death signal
 and their descendants by the reaper sidecar (:mod:`elastic.real.reaper`); the agent is a
 child subreaper so orphans stay in its tree while it lives.  ``elastic run`` starts the
 sidecar first thing (on the CPU its own start-up leaves idle) and hands it over; it

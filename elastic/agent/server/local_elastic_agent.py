@@ -9,7 +9,8 @@ torch's log layout, tree kill, a reaper sidecar).  What it adds around the loop,
 set up once per :meth:`run_async` and torn down in its ``finally``:
 
 * **signals** — each signal named in ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (torchrun's
-  ``--signals-to-handle``; default ``SIGTERM,SIGINT,SIGHUP,SIGQUIT``) cancels the run;
+  ``--signals-to-handle``; default ``SIGTERM,SIGINT,SIGHUP,SIGQUIT``; ``SIGCHLD`` is
+  refused with a :class:`~elastic.errors.ConfigError`, unknown names skipped) cancels the run;
   the workers get the *same* signal, then SIGKILL after ``shutdown_timeout`` seconds,
   and :meth:`run_async` raises :class:`SignalException` — torchrun's semantics (the
   launcher exits 1).  Handlers go through the event loop (``add_signal_handler``), so
@@ -21,7 +22,9 @@ set up once per :meth:`run_async` and torn down in its ``finally``:
   ``TORCHELASTIC_TIMER_FILE`` and ``ELASTIC_PROGRESS_FILE`` when in use;
 * **file timers** — ``TORCHELASTIC_ENABLE_FILE_TIMER=1`` starts a
   :class:`~elastic.timer.FileTimerServer` on ``TORCHELASTIC_TIMER_FILE`` (generated if
-  unset).  It may signal only the pids of the running group (updated at every start).
+  unset; an existing file that is not a stale timer pipe of this user, or a path where
+  no pipe can be made, is refused in one line, exit 2, and never deleted).  It may
+  signal only the pids of the running group (updated at every start).
   A reaped worker is an ordinary worker failure: the group restarts if restarts
   remain.  Unlike torch, the agent never kills itself;
 * **hangs** — with ``hang_timeout``, each worker gets a progress pipe
@@ -31,8 +34,10 @@ set up once per :meth:`run_async` and torn down in its ``finally``:
 * **GPU health** — before every (re)start, :func:`elastic.gpu.check_node_health` when
   NVML is present and sees GPUs; an unhealthy GPU refuses the start.  Without NVML the
   CPU path runs and says so once;
-* **health endpoint** — ``TORCHELASTIC_HEALTH_CHECK_PORT`` serves ``/health`` and
-  ``/metrics`` (:mod:`elastic.agent.server.health_check_server`); ``/health`` is 503
+* **health endpoint** — ``TORCHELASTIC_HEALTH_CHECK_PORT`` (0..65535; a bad value or a
+  port in use is one logged line and the job runs without it) serves ``/health`` and
+  ``/metrics`` (:mod:`elastic.agent.server.health_check_server`, which bounds its
+  connections and request time); ``/health`` is 503
   once the last progress (:meth:`LocalElasticAgent.get_last_progress_time`) is older
   than 60 s, or ``ELASTIC_HEALTH_CHECK_TIMEOUT`` seconds.
 
