@@ -36,7 +36,9 @@ def main() -> None:
     rank = os.environ.get("LOCAL_RANK", "0")
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     helper = subprocess.Popen(["/bin/sleep", seconds])
-    pids = [helper.pid, daemon(None, seconds), daemon({}, seconds)]
+    # LEAKY_MARKED_ONLY=1: no env={} daemon (a test of the marked tree alone)
+    scrubbed = 0 if os.environ.get("LEAKY_MARKED_ONLY") == "1" else daemon({}, seconds)
+    pids = [helper.pid, daemon(None, seconds), scrubbed]
     if ":" in mode:
         n, then = mode.split(":", 1)
         mode = "crash" if int(attempt) < int(n) else then
