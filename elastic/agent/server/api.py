@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from elastic.agent.ranks import exchange_ranks
 from elastic.clock import Cancelled, Clock, Task
 from elastic.errors import ElasticError
-from elastic.events import AgentEvent, EventSink, ListSink
+from elastic.events import AgentEvent, EventSink, NullSink
 from elastic.metrics import put_metric
 from elastic.rendezvous.api import (
     RendezvousClosedError,
@@ -305,7 +305,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._in_exit_barrier = False
         self._clock = clock
         self._workers_port = workers
-        self._events: EventSink = events if events is not None else ListSink()
+        self._events: EventSink = events if events is not None else NullSink()
         self._node = node
         self._health_watches = list(health_watches or [])
         self._pre_start_checks = list(pre_start_checks or [])
@@ -338,7 +338,7 @@ class SimpleElasticAgent(ElasticAgent):
 
     def detach_events(self) -> None:
         """Send no more events (the simulator's node died under this agent)."""
-        self._events = ListSink()
+        self._events = NullSink()
 
     def set_death_signal(self, sig: int) -> None:
         """The signal the workers get when the agent is told to stop (SIGTERM by default)."""
