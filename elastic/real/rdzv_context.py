@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import itertools
 import os
-import socket
 import threading
 
 from elastic.errors import StoreError
 from elastic.memstore import MemoryStore
 from elastic.real.clock import AsyncioClock
 from elastic.real.loop_thread import LoopThread
+from elastic.real.rdzv_store import matches_this_machine
 from elastic.rendezvous.api import (
     RendezvousConnectionError,
     RendezvousContext,
@@ -57,18 +57,6 @@ def node_id(addr: str) -> str:
     return f"{addr}_{os.getpid()}_{next(_local_ids)}"
 
 
-def _is_local(host: str) -> bool:
-    if host in ("", "localhost", "127.0.0.1", "::1", "0.0.0.0"):
-        return True
-    names = {socket.gethostname(), socket.getfqdn()}
-    if host in names:
-        return True
-    try:
-        return socket.gethostbyname(host).startswith("127.")
-    except OSError:
-        return False
-
-
 def default_context(params: RendezvousParameters) -> RendezvousContext:
     """Clock, store, node identity and sync runner for ``params``, in real mode."""
     from elastic.launcher.api import fqdn, free_port
@@ -78,7 +66,11 @@ def default_context(params: RendezvousParameters) -> RendezvousContext:
     )
     loop = shared_loop()
     clock = AsyncioClock()
-    in_process = params.max_nodes <= 1 and params.backend in ("c10d", "static") and _is_local(host)
+    in_process = (
+        params.max_nodes <= 1
+        and params.backend in ("c10d", "static")
+        and (host in ("", "0.0.0.0") or matches_this_machine(host))
+    )
     with _lock:
         key = (params.backend, host, port)
         store = _stores.get(key)
