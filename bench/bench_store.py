@@ -301,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker == "torch":
         _torch_worker(args.port, args.index, args.ops)
         return 0
+    load_before = os.getloadavg()[0]
     results = asyncio.run(part1(args.rounds, args.ops))
     text = table(results)
     print(text)
@@ -317,12 +318,14 @@ def main(argv: list[str] | None = None) -> int:
             f"| {statistics.median(r['bytes_per_node'] for r in runs):,.0f} |"
         )
         print(rtext)
+    load_after = os.getloadavg()[0]
     if args.out:
         cmd = "python bench/bench_store.py " + " ".join(argv or sys.argv[1:])
         Path(args.out).write_text(
             "# The network store vs torch's TCPStore\n\n"
             f"Command: `{cmd.strip()}`  (machine: {os.cpu_count()} cores, shared with other "
-            "jobs; Python 3.11, torch 2.13.0+cpu)\n\n"
+            f"jobs: 1-minute load average {load_before:.1f} at the start, {load_after:.1f} at "
+            "the end; Python 3.11, torch 2.13.0+cpu)\n\n"
             f"## {CLIENTS} concurrent clients (separate processes), {args.ops} sequential "
             f"ops each per phase, median of {args.rounds} interleaved rounds\n\n"
             "Ours: `StoreServer` (asyncio) + `NetStoreClient`; torch: `TCPStore` (libuv "
@@ -333,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
             "row measures a buffered socket write, not a round trip; ours waits for the "
             "server's acknowledgement, as every Store port operation does.  `get`, `add` and "
             "`compare_set` are round trips in both.  Ours is Python (asyncio streams and "
-            "msgpack on both ends); torch's server and client are C++.\n\n"
+            "msgpack on both ends); torch's server and client are C++.  On this shared "
+            "machine the throughput medians of the same command swung by up to 3x between "
+            "runs (other sessions' load: see the load averages above); the p50 columns are "
+            "the steadier comparison.\n\n"
             f"## One dynamic rendezvous of {args.nodes} handlers on one loop, each with its "
             "own connection, through a StoreServer in another process "
             f"({args.rdzv_runs} runs)\n\n"

@@ -33,10 +33,12 @@ back-off for at most ``read_timeout`` seconds, then raises a :class:`StoreError`
 ``host:port``.  Idempotent operations are re-sent on the new connection (a blocking one
 with what is left of its timeout); ``add`` and ``compare_set`` are not: if the connection
 broke before their reply, they raise :class:`StoreError` saying the outcome is unknown.
-A watch resumes from its revision; if the server came back with fresh data (another
-*instance*), the watch returns at once with the new revision and the caller re-reads, as
-after an etcd compaction.  Leases are renewed on the new connection if the server still
-has them, and are dead otherwise.
+(A resent ``delete`` whose first attempt did apply returns False: the key is gone either
+way.)  ``grant_lease`` is resent too: a lease granted by a lost attempt has no keys and
+is never renewed, so it expires unseen.  A watch resumes from its revision; if the
+server came back with fresh data (another *instance*), the watch returns at once with
+the new revision and the caller re-reads, as after an etcd compaction.  Leases are
+renewed on the new connection if the server still has them, and are dead otherwise.
 """
 
 from __future__ import annotations
@@ -1005,7 +1007,9 @@ class NetStoreClient:
     async def grant_lease(self, ttl: float) -> Lease:
         if not ttl > 0:
             raise StoreError(f"lease ttl must be positive, got {ttl!r}")
-        lease_id = cast(int, await self._request("grant_lease", lambda: (ttl,), retry=False))
+        # Safe to resend: a lease granted by a lost attempt has no keys and no renewals, so
+        # the server expires it ttl later and nobody sees it.
+        lease_id = cast(int, await self._request("grant_lease", lambda: (ttl,), retry=True))
         lease = NetLease(self, lease_id, ttl, self._instance)
         self._leases[lease_id] = lease
         lease._task = asyncio.get_running_loop().create_task(lease._renew_forever())
