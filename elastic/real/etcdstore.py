@@ -53,7 +53,6 @@ import contextlib
 import heapq
 import math
 import random
-import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -86,24 +85,19 @@ _CHANNEL_OPTIONS = (
 )
 
 
-_SHARED: LoopThread | None = None
-_SHARED_LOCK = threading.Lock()
-
-
 def shared_loop() -> LoopThread:
     """The process's one event loop for synchronous users of etcd (torch's API, tests).
 
     ``grpc.aio`` binds its completion queue to the loops that use it: a second loop in
     the process (a new ``asyncio.run``, or a loop per thread) makes it log spurious
     "Event loop is closed" / ``BlockingIOError`` errors from its poller
-    (grpc/grpc#25364).  So every synchronous etcd client of a process shares this loop,
-    which lives as long as the process (a daemon thread).
+    (grpc/grpc#25364).  So every synchronous etcd client of a process shares one loop:
+    the same one torch-style rendezvous handlers run on
+    (:func:`elastic.real.rdzv_context.shared_loop`), a daemon thread.
     """
-    global _SHARED
-    with _SHARED_LOCK:
-        if _SHARED is None:
-            _SHARED = LoopThread(name="elastic-etcd")
-        return _SHARED
+    from elastic.real.rdzv_context import shared_loop as process_loop
+
+    return process_loop()
 
 
 def parse_endpoint(endpoint: str) -> str:
