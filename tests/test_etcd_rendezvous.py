@@ -122,6 +122,17 @@ def test_three_handlers_rendezvous_on_three_members_and_again_after_the_leader_i
                 values.append(await c.get(f"after/{i}", timeout=30))
             values.append(await clients[0].get("after/count", timeout=30))
             second = await join_all(hs)
+            # a new client whose first listed endpoint is the dead member
+            eps = cluster.endpoints
+            late = await EtcdStoreClient.connect(
+                [eps[leader]] + [e for i, e in enumerate(eps) if i != leader],
+                prefix=clients[0].prefix,
+                clock=AsyncioClock(),
+            )
+            try:
+                values.append(await late.get("after/count", timeout=30))
+            finally:
+                await late.aclose()
             return first, second, leader, values
         finally:
             await close_all(clients)
@@ -130,5 +141,5 @@ def test_three_handlers_rendezvous_on_three_members_and_again_after_the_leader_i
     agree(first, 3)
     agree(second, 3)
     assert second[0].round == first[0].round + 1
-    assert values == [b"0", b"1", b"2", b"3"]
+    assert values == [b"0", b"1", b"2", b"3", b"3"]
     assert leader not in cluster.alive()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import time
 import uuid
@@ -395,3 +396,34 @@ def test_a_member_that_stops_answering_gives_timeouterror_after_read_timeout() -
                 await c.aclose()
 
         assert within(shared_loop().run(body()), 1.0, slack=3.0)
+
+
+def test_https_with_a_client_certificate_and_refused_without_one() -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (it makes the test certificates)")
+    with EtcdCluster(etcd_binary("distro"), tls=True) as cluster:
+
+        async def body() -> tuple[bytes, str]:
+            c = await EtcdStoreClient.connect(
+                cluster.endpoints,
+                protocol="https",
+                cacert=cluster.ca,
+                cert=cluster.client_cert,
+                key=cluster.client_key,
+            )
+            try:
+                await c.set("k", b"over tls")
+                got = await c.get("k", timeout=5)
+            finally:
+                await c.aclose()
+            try:  # the server demands a client certificate
+                await EtcdStoreClient.connect(
+                    cluster.endpoints, protocol="https", cacert=cluster.ca, read_timeout=1
+                )
+            except StoreError as e:
+                return got, str(e)
+            raise AssertionError("a client without a certificate was let in")
+
+        got, refused = shared_loop().run(body())
+    assert got == b"over tls"
+    assert cluster.endpoints[0] in refused

@@ -53,7 +53,6 @@ import contextlib
 import heapq
 import math
 import random
-import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -86,24 +85,19 @@ _CHANNEL_OPTIONS = (
 )
 
 
-_SHARED: LoopThread | None = None
-_SHARED_LOCK = threading.Lock()
-
-
 def shared_loop() -> LoopThread:
     """The process's one event loop for synchronous users of etcd (torch's API, tests).
 
     ``grpc.aio`` binds its completion queue to the loops that use it: a second loop in
     the process (a new ``asyncio.run``, or a loop per thread) makes it log spurious
     "Event loop is closed" / ``BlockingIOError`` errors from its poller
-    (grpc/grpc#25364).  So every synchronous etcd client of a process shares this loop,
-    which lives as long as the process (a daemon thread).
+    (grpc/grpc#25364).  So every synchronous etcd client of a process shares one loop:
+    the same one torch-style rendezvous handlers run on
+    (:func:`elastic.real.rdzv_context.shared_loop`), a daemon thread.
     """
-    global _SHARED
-    with _SHARED_LOCK:
-        if _SHARED is None:
-            _SHARED = LoopThread(name="elastic-etcd")
-        return _SHARED
+    from elastic.real.rdzv_context import shared_loop as process_loop
+
+    return process_loop()
 
 
 def parse_endpoint(endpoint: str) -> str:
@@ -429,22 +423,40 @@ class EtcdStoreClient:
         return self
 
     async def _first_contact(self, per_endpoint: float) -> None:
+        """Ask every endpoint at once; start on the first that answers (a dead member
+        listed first costs nothing)."""
         g = self._g
+
+        async def status(i: int) -> int:
+            await self._endpoints[i].maintenance.Status(
+                g.rpc.StatusRequest(), timeout=per_endpoint, wait_for_ready=True
+            )
+            return i
+
+        pending = {asyncio.ensure_future(status(i)) for i in range(len(self._endpoints))}
         errors: list[str] = []
-        for i, ep in enumerate(self._endpoints):
-            try:
-                await ep.maintenance.Status(
-                    g.rpc.StatusRequest(), timeout=per_endpoint, wait_for_ready=True
-                )
-            except g.aio.AioRpcError as e:
-                errors.append(f"{ep.name}: {e.code().name} {e.details()}")
-                continue
-            self._current = i
-            return
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                answered = []
+                for t in done:  # read every outcome, so none is reported as unretrieved
+                    e = t.exception()
+                    if e is None:
+                        answered.append(t.result())
+                    elif isinstance(e, g.aio.AioRpcError):
+                        errors.append(f"{e.code().name} {e.details()}")
+                    else:
+                        raise e
+                if answered:
+                    self._current = min(answered)
+                    return
+        finally:
+            for t in pending:
+                t.cancel()
         await self.aclose()
         raise StoreError(
-            "no etcd endpoint answered within "
-            f"{per_endpoint:g}s ({'; '.join(errors)}); is etcd running there?"
+            f"no etcd endpoint answered within {per_endpoint:g}s "
+            f"({', '.join(self.endpoints)}: {'; '.join(errors)}); is etcd running there?"
         )
 
     async def aclose(self, *, revoke_leases: bool = False) -> None:
