@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from elastic.errors import ConfigError
+from sim.calibration import load_calibration, scenario_calibration
 from sim.expect import check
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
@@ -39,6 +40,20 @@ def _sim_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--plot", metavar="FILE", help="draw the timeline (PNG/SVG/PDF; needs matplotlib)"
+    )
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="apply this machine's latencies (a file from elastic calibrate; "
+        "default: the scenario's calibration: key)",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="with a calibration: model a real run at elastic real --time-scale K "
+        "(its wall latencies are K times as long in scenario time)",
     )
     p.add_argument(
         "--write-faults",
@@ -111,10 +126,17 @@ def main(argv: Sequence[str]) -> int:
         scenario = load_scenario(args.scenario)
         if args.seed is not None:
             scenario = scenario.with_seed(args.seed)
+        if not args.time_scale > 0 or args.time_scale == float("inf"):
+            raise ConfigError("--time-scale", f"got {args.time_scale}; expected K > 0")
+        calibration = (
+            load_calibration(args.calibration)
+            if args.calibration
+            else scenario_calibration(scenario)
+        )
     except ConfigError as e:
         print(f"elastic sim: {e}", file=sys.stderr)
         return 2
-    result = simulate(scenario)
+    result = simulate(scenario, calibration=calibration, time_scale=args.time_scale)
     report = dict(result.report)
     unobserved: list[str] = next(
         (list(e.fields["unobserved_errors"]) for e in result.events if e.kind == "sim.end"), []
@@ -127,7 +149,7 @@ def main(argv: Sequence[str]) -> int:
         )
         return 3
     if args.check_determinism:
-        again = simulate(scenario)
+        again = simulate(scenario, calibration=calibration, time_scale=args.time_scale)
         a, b = _log_bytes(result.events), _log_bytes(again.events)
         report["event_log_sha256"] = hashlib.sha256(a).hexdigest()
         if a != b:

@@ -54,6 +54,9 @@ class JobModel:
     checkpoint_time: float = 0.0
     collective_timeout: float = 600.0
     stop_time: float = 0.0  # how long a worker takes to exit after SIGTERM
+    # how long after a worker's exit its agent sees it (the kernel's notice, the
+    # agent's loop): 0 unless a calibration says otherwise (sim.calibration)
+    exit_notice: float = 0.0
 
     def segment(self) -> float:
         return self.checkpoint_every * self.step_time + self.checkpoint_time
@@ -305,6 +308,7 @@ class SimGroup:
         t = port.training
         self.workers: dict[int, SimWorker] = {}
         self._exits: list[WorkerExit] = []
+        self._seen_at: list[float] = []  # when the agent may see each exit
         self._returned = 0
         self._waiter: OneShot | None = None
         size = int(launches[0].env.get("WORLD_SIZE", "0")) if launches else 0
@@ -338,11 +342,20 @@ class SimGroup:
                 extra={"reason": reason} if reason else {},
             )
         )
+        notice = t.model.exit_notice
+        self._seen_at.append(t.clock.now() + notice)
+        if notice > 0:
+            ev = t.clock.env.timeout(notice)
+            ev.callbacks.append(lambda _: self._wake())
+        else:
+            self._wake()
+        if code != 0 and w.world is not None and was is not WState.HUNG:
+            w.world.break_(reason or cause.value, culprit=w)
+
+    def _wake(self) -> None:
         if self._waiter is not None:
             waiter, self._waiter = self._waiter, None
             waiter.set()
-        if code != 0 and w.world is not None and was is not WState.HUNG:
-            w.world.break_(reason or cause.value, culprit=w)
 
     # -- faults on workers ------------------------------------------------------------------
     def crash(self, local_rank: int, exit_code: int) -> bool:
@@ -386,9 +399,10 @@ class SimGroup:
         return frozenset(lr for lr, w in self.workers.items() if w.alive)
 
     async def next_exit(self) -> WorkerExit:
-        while self._returned >= len(self._exits):
+        clock = self.port.training.clock
+        while self._returned >= len(self._exits) or self._seen_at[self._returned] > clock.now():
             if self._waiter is None:
-                self._waiter = self.port.training.clock.event()
+                self._waiter = clock.event()
             await self._waiter.wait()
         ex = self._exits[self._returned]
         self._returned += 1
