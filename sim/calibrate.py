@@ -8,9 +8,10 @@ What is measured (wall seconds; the median of every sample):
 * from a real run (``elastic real``) of a small built-in scenario — two agents of two
   workers, two worker crashes — read from its merged log:
 
-  - ``spawn_s``: an agent's rendezvous round completed (``RENDEZVOUS``) → its workers
-    running (``model.ready`` minus the job's start-up time, which the model worker counts
-    from its process's start): rank assignment, the group's set-up, fork and exec;
+  - ``spawn_s``: the last agent's rendezvous round completed (``RENDEZVOUS``) → the
+    world's workers running (``sim.world_running``, the slowest member ready, minus the
+    job's start-up time, which the model worker counts from its process's start): rank
+    assignment, the group's set-up, fork and exec;
   - ``stop_s``: an agent decides to restart (``agent.restart``) → its group is stopped
     (``agent.group_stopped``);
   - ``reaction_s``: a worker exits (``model.crash``) → its agent has seen the exit
@@ -73,8 +74,11 @@ def phases(events: Sequence[AgentEvent], startup_time: float, k: float) -> dict[
             last_rdzv[e.node] = e.t
             if int(e.fields.get("round", 0)) > 0 and "duration_ms" in e.fields:
                 out["rdzv_s"].append(float(e.fields["duration_ms"]) / 1000)
-        elif e.kind == "model.ready" and e.node in last_rdzv:
-            out["spawn_s"].append((e.t - startup_time - last_rdzv[e.node]) / k)
+        elif e.kind == "sim.world_running" and last_rdzv:
+            # the world runs when its slowest member is ready: that member's spawn is
+            # what a recovery waits for, so the sample is per world, after the round's
+            # last agent finished it
+            out["spawn_s"].append((e.t - startup_time - max(last_rdzv.values())) / k)
         elif e.kind == "agent.restart":
             restart_at[e.node] = e.t
         elif e.kind == "agent.group_stopped" and e.node in restart_at:

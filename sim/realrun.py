@@ -266,7 +266,9 @@ def _start_store(d: Path) -> tuple[subprocess.Popen[bytes], int]:
 
 
 def _apply(run: _Run, f: Fault, index: int) -> None:
-    t = run.now()  # the fault's time: what follows (signals, kills) takes wall time
+    # the fault's time: what follows (signals, kills) takes wall time; a worker's own
+    # fault is applied by the worker at its scheduled time, not when this loop wakes
+    t = f.at if f.kind in WORKER_FAULTS else run.now()
     fields: dict[str, Any] = {"fault": f.kind.value, "index": index}
     if f.node is not None:
         fields["target"] = f.node

@@ -335,9 +335,10 @@ class ModelWorker:
             if beat is not None:
                 beat()
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-                mark += cfg.checkpoint_time / k
-                self.sleep_until(mark)
-                self.write_ckpt(step)
+                with self._timer():  # a checkpoint that hangs is reaped too
+                    mark += cfg.checkpoint_time / k
+                    self.sleep_until(mark)
+                    self.write_ckpt(step)
         self.write_ckpt(cfg.steps)
         self.emit("model.done", step=step)
         return 0
