@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import heapq
 import json
 import os
@@ -71,6 +72,22 @@ REFUSED = {
     "loopback, without network namespaces); run this scenario in the simulator only",
     FaultKind.GPU_ERROR: "this machine's workers run on CPU: there is no GPU to fail",
 }
+# An agent process that has paid its interpreter's start and its imports, then waits for
+# one byte on stdin before it runs ``elastic run`` (EOF: the runner is gone, it leaves).
+# The simulator starts a node's agent at once; a real one spends a few hundred ms
+# importing first, and agents started one after the other would meet in a first round
+# closed by the last call before the last of them arrived.  So every agent is started
+# ahead of its time and let through its gate at it.
+GATED_RUN = (
+    "import sys, elastic.cli, elastic.run, elastic.launcher.api, elastic.real.netstore, "
+    "elastic.real.rdzv_store, elastic.real.workers, elastic.rendezvous.dynamic, "
+    "elastic.agent.server.local_elastic_agent\n"
+    "if sys.stdin.buffer.read(1) != b'g': sys.exit(1)\n"
+    "sys.argv = ['elastic', *sys.argv[1:]]\n"
+    "elastic.cli.entry()\n"
+)
+# How long before its time an agent is started (wall seconds): its imports fit in it.
+LEAD = 1.5
 # How often the runner looks at its agents between actions (wall seconds).  The runner
 # is a test harness, not agent logic: what it measures comes from the logs' times.
 TICK = 0.01
@@ -121,6 +138,7 @@ class _Run:
     actions: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
     pending_starts: int = 0
     seq: int = 0
+    joiners: dict[int, list[_Agent]] = field(default_factory=dict)  # fault index -> agents
 
     # -- time ----------------------------------------------------------------------------
     def now(self) -> float:
@@ -130,12 +148,17 @@ class _Run:
         at = self.now() if t is None else t
         self.events.append(AgentEvent(t=at, node="sim", kind=kind, fields=fields))
 
-    def later(self, after: float, fn: Callable[[], None]) -> None:
+    def at(self, t: float, fn: Callable[[], None]) -> None:
+        """Call ``fn`` at scenario time ``t``."""
         self.seq += 1
-        heapq.heappush(self.actions, (self.now() + after, self.seq, fn))
+        heapq.heappush(self.actions, (t, self.seq, fn))
+
+    def later(self, after: float, fn: Callable[[], None]) -> None:
+        self.at(self.now() + after, fn)
 
     # -- agents --------------------------------------------------------------------------
-    def start_agent(self, node: int) -> None:
+    def spawn_agent(self, node: int) -> _Agent:
+        """Start an agent for ``node`` held at its gate (see :data:`GATED_RUN`)."""
         sc, k = self.sc, self.k
         inc = self.incarnations.get(node, 0) + 1
         self.incarnations[node] = inc
@@ -166,27 +189,36 @@ class _Run:
         if sc.job.hang_timeout is not None:
             flags += ["--hang-timeout", f"{sc.job.hang_timeout / k:.6g}"]
         env = {
-            k_: v for k_, v in os.environ.items() if not k_.startswith(("PET_", "TORCHELASTIC_"))
+            key: v for key, v in os.environ.items() if not key.startswith(("PET_", "TORCHELASTIC_"))
         }
         env["ELASTIC_MODEL_CONFIG"] = str(self.config)
         env["ELASTIC_MODEL_NODE"] = str(node)
         if sc.job.timer is not None:
             env["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1"
-        out = open(self.dir / f"agent.{node}.{inc}.out", "wb")  # noqa: SIM115
-        with out:
+        with open(self.dir / f"agent.{node}.{inc}.out", "wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "elastic.cli", "run", *flags, "-m",
-                 "elastic.real.model_worker"],
+                [sys.executable, "-c", GATED_RUN, "run", *flags, "-m", "elastic.real.model_worker"],
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         a = _Agent(node, inc, proc, log)
         self.agents.append(a)
-        self.live[node] = a
-        self.alive[node] = True
+        return a
+
+    def open_gate(self, a: _Agent) -> None:
+        """Let a gated agent run: from now on it is the node's live agent."""
+        assert a.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            a.proc.stdin.write(b"g")
+            a.proc.stdin.close()
+        self.live[a.node] = a
+        self.alive[a.node] = True
+
+    def start_agent(self, node: int) -> None:
+        self.open_gate(self.spawn_agent(node))
 
     def running(self) -> bool:
         for node, a in list(self.live.items()):
@@ -249,13 +281,14 @@ def _model_config(sc: Scenario, faults: Sequence[Fault], k: float, d: Path, t0: 
 
 
 def _start_store(d: Path) -> tuple[subprocess.Popen[bytes], int]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "elastic.real.netstore_host", "--port", "0"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=open(d / "store.err", "wb"),  # noqa: SIM115
-        start_new_session=True,
-    )
+    with open(d / "store.err", "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "elastic.real.netstore_host", "--port", "0"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,
+        )
     assert proc.stdout is not None
     line = proc.stdout.readline().decode().strip()
     if not line.startswith("listening "):
@@ -290,19 +323,22 @@ def _apply(run: _Run, f: Fault, index: int) -> None:
         if f.restart_after is not None:
             run.pending_starts += 1
             n = node
+            gated = run.spawn_agent(n)  # held at its gate until the restart
 
             def restart() -> None:
                 run.pending_starts -= 1
                 if not run.alive.get(n):
                     run.emit("sim.node_restart", node=n)
-                    run.start_agent(n)
+                    run.open_gate(gated)
+                else:
+                    _kill_tree(gated.proc.pid, wait=False)
 
             run.later(f.restart_after, restart)
     elif k is FaultKind.NODE_JOIN:
-        new = list(range(len(run.incarnations), len(run.incarnations) + (f.count or 1)))
-        fields["nodes"] = new
-        for n in new:
-            run.start_agent(n)
+        joining = run.joiners.pop(index)  # started LEAD ahead, at their gates
+        fields["nodes"] = [a.node for a in joining]
+        for a in joining:
+            run.open_gate(a)
     elif k in (FaultKind.NODE_LEAVE, FaultKind.PREEMPTION):
         assert node is not None
         a = run.live.get(node)
@@ -322,6 +358,10 @@ def _apply(run: _Run, f: Fault, index: int) -> None:
         run.later(f.duration or 0.0, lambda: run.store.send_signal(signal.SIGCONT))
     fields["applied"] = applied
     run.emit("sim.fault", t=t, **fields)
+
+
+def _prespawn(run: _Run, index: int, nodes: list[int]) -> None:
+    run.joiners[index] = [run.spawn_agent(n) for n in nodes]
 
 
 def _merge(run: _Run, end_kind: dict[str, Any]) -> list[AgentEvent]:
@@ -424,11 +464,22 @@ def real_run(
     k = float(time_scale)
     with _workdir(workdir) as d:
         store, port = _start_store(d)
-        t0 = time.monotonic()
-        config = _model_config(sc, faults, k, d, t0)
-        run = _Run(sc, k, d, t0, port, config, store)
+        config = d / "model.json"  # written once scenario time 0 is known
+        run = _Run(sc, k, d, time.monotonic(), port, config, store)
         try:
             job = sc.job
+            first = [run.spawn_agent(n) for n in range(sc.cluster.nodes + sc.cluster.spare_nodes)]
+            next_node = len(first)
+            for i, f in sorted(enumerate(faults), key=lambda x: (x[1].at, x[0])):
+                if f.kind is FaultKind.NODE_JOIN:
+                    nodes = list(range(next_node, next_node + (f.count or 1)))
+                    next_node += len(nodes)
+                    run.at(f.at - LEAD * k, functools.partial(_prespawn, run, i, nodes))
+                run.at(f.at, functools.partial(_apply, run, f, i))
+            time.sleep(LEAD)  # the first agents' imports
+            # scenario time 0: every first agent is let through at once, as in the simulator
+            run.t0 = time.monotonic()
+            _model_config(sc, faults, k, d, run.t0)
             run.emit(
                 "sim.start",
                 name=sc.name,
@@ -443,11 +494,8 @@ def real_run(
                 world="real",
                 time_scale=k,
             )
-            for n in range(sc.cluster.nodes + sc.cluster.spare_nodes):
-                run.start_agent(n)
-            order = sorted(enumerate(faults), key=lambda x: (x[1].at, x[0]))
-            for i, f in order:
-                run.later(f.at - run.now(), lambda f=f, i=i: _apply(run, f, i))  # type: ignore[misc]
+            for a in first:
+                run.open_gate(a)
             reason = "done"
             while True:
                 now = run.now()
@@ -468,6 +516,8 @@ def real_run(
                 if a.proc.poll() is None:
                     _kill_tree(a.proc.pid)
                 a.proc.wait()
+                if a.proc.stdin is not None and not a.proc.stdin.closed:
+                    a.proc.stdin.close()
             with contextlib.suppress(ProcessLookupError):
                 store.send_signal(signal.SIGCONT)
                 store.terminate()
