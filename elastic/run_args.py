@@ -69,7 +69,7 @@ class LaunchConfig:
     """What to launch on this node: torch's ``LaunchConfig`` fields and defaults, plus ours.
 
     After construction: ``rdzv_configs`` has ``"timeout"`` (``rdzv_timeout`` if not -1,
-    else 900 unless given), ``shutdown_timeout`` is an int ≥ 0 (None →
+    else 900 unless given), ``shutdown_timeout`` is seconds ≥ 0, an int when whole (None →
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` or 30).  The caller's ``rdzv_configs`` dict is
     copied, not changed.  ``logs_specs`` is kept for callers of torch's API; ``elastic
     run`` fills the plain fields below it instead, from which the launcher builds its
@@ -99,7 +99,8 @@ class LaunchConfig:
     duplicate_stdout_filters: list[str] | None = None
     duplicate_stderr_filters: list[str] | None = None
     virtual_local_rank: bool = False
-    shutdown_timeout: int | None = None
+    # seconds; fractions allowed (torch: whole seconds), e.g. for elastic real --time-scale
+    shutdown_timeout: float | None = None
     # --- beyond torch --------------------------------------------------------------
     #: ``--log-dir`` (None: a temporary directory chosen by the launcher).
     log_dir: str | None = None
@@ -126,17 +127,17 @@ class LaunchConfig:
         if self.shutdown_timeout is None:
             raw = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
             try:
-                value = int(raw)
+                value: float = float(raw)
             except ValueError:
                 raise ConfigError(
-                    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", f"got {raw!r}; expected whole seconds >= 0"
+                    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", f"got {raw!r}; expected seconds >= 0"
                 ) from None
             where = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
         else:
             value, where = self.shutdown_timeout, "--shutdown-timeout"
-        if value < 0:
-            raise ConfigError(where, f"got {value}; expected whole seconds >= 0")
-        self.shutdown_timeout = value
+        if not 0 <= value < float("inf"):
+            raise ConfigError(where, f"got {value:g}; expected seconds >= 0")
+        self.shutdown_timeout = int(value) if float(value).is_integer() else value
 
 
 # --- the parser ---------------------------------------------------------------------
@@ -431,7 +432,7 @@ def get_args_parser(prog: str = "elastic run") -> argparse.ArgumentParser:
         "--shutdown-timeout",
         "--shutdown_timeout",
         action=_Env,
-        type=int,
+        type=float,
         default=None,
         help="Seconds between SIGTERM and SIGKILL when stopping workers "
         "(default: TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30).",

@@ -322,6 +322,9 @@ class Scenario:
     faults: tuple[Fault | RateFault, ...] = ()
     expect: Expectation = field(default_factory=Expectation)
     source: str = field(default="<string>", compare=False)
+    # a calibration file (``elastic calibrate``), as written in the scenario; relative to
+    # the scenario's directory (see :mod:`sim.calibration`)
+    calibration: str = ""
 
     def with_seed(self, seed: int) -> Scenario:
         """This scenario with another seed (``elastic sim --seed``); refuses a negative seed."""
@@ -380,6 +383,8 @@ class Scenario:
             "close_timeout": format_duration(rdzv.close_timeout),
         }
         out["store"] = {"latency": format_duration(self.store.latency)}
+        if self.calibration:
+            out["calibration"] = self.calibration
         out["faults"] = [_fault_to_dict(f) for f in self.faults]
         expect: dict[str, Any] = {}
         for key, wanted in self.expect.items():
@@ -841,6 +846,7 @@ _TOP_KEYS = (
     "store",
     "faults",
     "expect",
+    "calibration",
 )
 _CLUSTER_KEYS = ("nodes", "nproc_per_node", "spare_nodes")
 _JOB_KEYS = (
@@ -917,6 +923,7 @@ class _ScenarioReader:
         rendezvous = self._rendezvous(top, cluster)
         faults = self._faults(top, cluster, rendezvous, until)
         expect = self._expect(top)
+        calibration = top.get("calibration", _Text(), "")
         return Scenario(
             name=name,
             description=description,
@@ -930,6 +937,7 @@ class _ScenarioReader:
             faults=faults,
             expect=expect,
             source=source,
+            calibration=calibration,
         )
 
     def _section(self, top: _Map, key: str, required: bool) -> _Map | None:

@@ -165,7 +165,7 @@ def test_bad_conf_value_is_one_config_error_line_naming_the_flag_and_option() ->
         get_rendezvous_handler(params(join_timeout="soon"), ctx())
     assert str(e.value) == (
         "--rdzv-conf: The rendezvous configuration option 'join_timeout' does not represent a "
-        "valid integer value."
+        "valid number of seconds."
     )
     with pytest.raises(
         ConfigError, match=re.escape("The join timeout (0:00:00) must be positive.")

@@ -53,6 +53,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -778,8 +779,25 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
 
 def _get_timeout(params: RendezvousParameters, key: str) -> timedelta | None:
-    timeout = params.get_as_int(key + "_timeout")
-    return None if timeout is None else timedelta(seconds=timeout)
+    # seconds, fractions allowed (torch takes whole seconds only): ``elastic real
+    # --time-scale`` divides a scenario's timeouts, and a simulated 1.5 s last call
+    # must not be truncated to 1
+    value = params.get(key + "_timeout")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"The rendezvous configuration option '{key}_timeout' does not represent a "
+            "valid number of seconds."
+        ) from None
+    if not math.isfinite(seconds):
+        raise ValueError(
+            f"The rendezvous configuration option '{key}_timeout' does not represent a "
+            "valid number of seconds."
+        )
+    return timedelta(seconds=seconds)
 
 
 def _required_int(params: RendezvousParameters, key: str, default: int) -> int:
