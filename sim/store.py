@@ -190,7 +190,7 @@ class SimStoreClient:
                 await self._link()
         try:
             result = await op()
-        except BaseException:
+        except Exception:  # an error travels back too; a cancellation stays local
             if not self.reachable:
                 await self._link()
             raise

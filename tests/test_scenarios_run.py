@@ -44,6 +44,7 @@ def test_there_are_scenarios_for_each_required_behaviour() -> None:
         "network_partition_minority_node",
         "network_partition_store_side",
         "slow_node",
+        "node_crash_while_round_forms",
     ):
         assert required in names
 
