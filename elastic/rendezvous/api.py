@@ -544,6 +544,17 @@ class RendezvousHandler(ABC):
                 return "nodes_waiting"
             await clock.sleep(self._watch_interval)
 
+    async def watch_members_async(self) -> str:
+        """Wait until a member of the current round is lost or the round ends; return why.
+
+        What the agent awaits beside the rank exchange of a round just formed: unlike
+        :meth:`watch_async`, late arrivals (``"nodes_waiting"``) do not end it, so the
+        exchange finishes and the round runs first.  A handler that cannot tell them apart
+        keeps this default, which is :meth:`watch_async` itself (a late arrival then ends
+        the round before it runs).
+        """
+        return await self.watch_async()
+
     async def is_closed_async(self) -> bool:
         """Whether the rendezvous has been closed."""
         closed: bool = await self._in_thread("is_closed")
