@@ -3,6 +3,9 @@
 
     python bench/bench_warm.py [--runs 7] [--out bench/results/warm.md]
 
+It also writes ``warm.json`` next to the report: the calibration file ``elastic sim
+--calibration`` reads (``preload_saves``: elastic's cold restart minus the warm one).
+
 The job (written to a temporary directory): 2 workers, ``--standalone``, gloo on CPU; a
 small model, SGD, a checkpoint by rank 0 every 2 steps (then a barrier), resumed from at
 start.  Each worker appends ``(rank, attempt, event, time.time())`` lines to a file at
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import platform
 import statistics
@@ -115,8 +119,10 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def one_run(system: str, script: str, work: Path, timeout: float = 180.0) -> dict[str, float]:
-    """Run the job once; the measurements of this run (seconds)."""
+def one_run(
+    system: str, script: str, work: Path, timeout: float = 180.0
+) -> dict[str, float] | None:
+    """Run the job once; the measurements of this run (seconds), None if it failed."""
     log, ckpt = work / "events.log", work / "ckpt"
     ckpt.mkdir(parents=True)
     cmd = [
@@ -128,7 +134,10 @@ def one_run(system: str, script: str, work: Path, timeout: float = 180.0) -> dic
         t_launch = time.time()
         p = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
     if p.returncode != 0:
-        raise RuntimeError(f"{system}: exit {p.returncode}; see {work / 'launcher.out'}")
+        keep = Path(tempfile.gettempdir()) / f"bench_warm_failed_{work.name}_{os.getpid()}.out"
+        keep.write_bytes((work / "launcher.out").read_bytes())
+        print(f"{system}: exit {p.returncode}; its output: {keep}", flush=True)
+        return None
     ev: dict[tuple[int, int, str], float] = {}
     for line in log.read_text().splitlines():
         r, a, name, t = line.split()
@@ -160,6 +169,7 @@ def main() -> None:
     a = ap.parse_args()
     names = list(SYSTEMS)
     results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    failed: dict[str, int] = dict.fromkeys(names, 0)
     with tempfile.TemporaryDirectory(prefix="bench_warm_") as d:
         script = Path(d) / "ddp_job.py"
         script.write_text(textwrap.dedent(JOB))
@@ -167,22 +177,40 @@ def main() -> None:
             order = names[i % len(names) :] + names[: i % len(names)]
             for n in order:
                 r = one_run(n, str(script), Path(d) / f"{i}_{n.replace(' ', '_')}")
+                if r is None:
+                    failed[n] += 1
+                    continue
                 results[n].append(r)
                 print(
                     f"run {i + 1}/{a.runs} {n:18s} crash→steps {r['restart']:.2f} s, "
                     f"launch→step {r['launch']:.2f} s",
                     flush=True,
                 )
-    text = report(results, a.runs)
+    text = report(results, a.runs, failed)
     Path(a.out).write_text(text)
     print(text)
+    Path(a.out).with_suffix(".json").write_text(json.dumps(calibration(results), indent=1) + "\n")
+
+
+def calibration(results: dict[str, list[dict[str, float]]]) -> dict[str, object]:
+    """The calibration file ``elastic sim --calibration`` reads (see sim/calibration.py)."""
+    tr, el, pre = (results[n] for n in SYSTEMS)
+    return {
+        "what": "bench/bench_warm.py: gloo DDP, 2 workers, rank 1 crashes; medians, seconds",
+        "machine": f"{os.cpu_count()} CPUs {platform.machine()}, Linux {platform.release()}",
+        "preload": PRELOAD,
+        "preload_saves": round(_med(el, "restart") - _med(pre, "restart"), 3),
+        "restart_torchrun": round(_med(tr, "restart"), 3),
+        "restart_elastic": round(_med(el, "restart"), 3),
+        "restart_elastic_preload": round(_med(pre, "restart"), 3),
+    }
 
 
 def _med(rows: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
-def report(results: dict[str, list[dict[str, float]]], runs: int) -> str:
+def report(results: dict[str, list[dict[str, float]]], runs: int, failed: dict[str, int]) -> str:
     tr, el, pre = (results[n] for n in SYSTEMS)
     lines = [
         "# Warm restarts: gloo DDP, 2 workers, rank 1 crashes (torch 2.13.0 CPU)",
@@ -192,7 +220,9 @@ def report(results: dict[str, list[dict[str, float]]], runs: int) -> str:
         f"{platform.python_version()}, Linux {platform.release()}; load average at the "
         f"end {', '.join(f'{x:.1f}' for x in os.getloadavg())}.",
         f"Runs: {runs} per system, interleaved (order rotated each round); medians. "
-        f"`--preload {PRELOAD}`.",
+        f"`--preload {PRELOAD}`.  Failed runs (left out): "
+        + ", ".join(f"{n} {k}" for n, k in failed.items())
+        + ".",
         "",
         "| measurement (s) | torchrun | elastic | elastic --preload | elastic/torchrun "
         "| --preload/torchrun | goal |",

@@ -45,6 +45,11 @@ def _sim_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write the scenario back with every fault explicit (rate faults drawn)",
     )
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="measured defaults (JSON), e.g. bench/results/warm.json for job.preload_saves",
+    )
     return p
 
 
@@ -111,6 +116,10 @@ def main(argv: Sequence[str]) -> int:
         scenario = load_scenario(args.scenario)
         if args.seed is not None:
             scenario = scenario.with_seed(args.seed)
+        if args.calibration is not None:
+            from sim.calibration import apply_calibration, load_calibration
+
+            scenario = apply_calibration(scenario, load_calibration(args.calibration))
     except ConfigError as e:
         print(f"elastic sim: {e}", file=sys.stderr)
         return 2
