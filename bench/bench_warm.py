@@ -60,12 +60,12 @@ STEPS = 9
 
 JOB = f"""
 import os, time
-T0 = time.time()
+T0 = time.monotonic()
 RANK = int(os.environ["RANK"])
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 _log = open(os.environ["BENCH_LOG"], "a", buffering=1)
 def mark(event):
-    _log.write(f"{{RANK}} {{ATTEMPT}} {{event}} {{time.time()!r}}\\n")
+    _log.write(f"{{RANK}} {{ATTEMPT}} {{event}} {{time.monotonic()!r}}\\n")
 mark_start = T0
 _log.write(f"{{RANK}} {{ATTEMPT}} start {{T0!r}}\\n")
 import torch
@@ -125,13 +125,15 @@ def one_run(
     """Run the job once; the measurements of this run (seconds), None if it failed."""
     log, ckpt = work / "events.log", work / "ckpt"
     ckpt.mkdir(parents=True)
+    agent_log = work / "agent_events.jsonl"
     cmd = [
         *SYSTEMS[system],
+        *(("--event-log", str(agent_log)) if system != "torchrun" else ()),
         *("--standalone", "--nproc-per-node", "2", "--max-restarts", "1", script),
     ]
     env = _env(BENCH_LOG=str(log), BENCH_CKPT=str(ckpt), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     with open(work / "launcher.out", "wb") as out:
-        t_launch = time.time()
+        t_launch = time.monotonic()
         p = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
     if p.returncode != 0:
         keep = Path(tempfile.gettempdir()) / f"bench_warm_failed_{work.name}_{os.getpid()}.out"
@@ -159,6 +161,20 @@ def one_run(
         for prev, name in itertools.pairwise(phases):
             res[f"{prefix}_{name}"] = later(attempt, name) - later(attempt, prev)
     res["l_running"] = later(0, "start") - t_launch
+    if agent_log.exists():  # the agent's side of the restart, on the same clock
+        agent: dict[str, float] = {}
+        for line in agent_log.read_text().splitlines():
+            e = json.loads(line)
+            attempt = e["fields"].get("attempt")
+            if e["kind"] == "torchelastic.worker.status.FAILED" and attempt == 0:
+                agent.setdefault("failed", e["t"])
+            elif e["kind"] == "agent.restart":
+                agent.setdefault("restart", e["t"])
+            elif e["kind"] == "agent.group_started" and attempt == 1:
+                agent.setdefault("started", e["t"])
+        res["a_exit_seen"] = agent["failed"] - crash
+        res["a_restart"] = agent["started"] - agent["failed"]
+        res["a_to_running"] = later(1, "start") - agent["started"]
     return res
 
 
@@ -250,6 +266,9 @@ def report(results: dict[str, list[dict[str, float]]], runs: int, failed: dict[s
         "|---|---:|---:|---:|",
     ]
     phases = (
+        ("a_exit_seen", "crash → the agent sees rank 1's exit (its exception and teardown)"),
+        ("a_restart", "the agent: stop rank 0, new round, start both workers"),
+        ("a_to_running", "started → both workers' first line (fork or exec)"),
         ("r_running", "crash → both restarted workers' first line"),
         ("r_imported", "`import torch` (and torch.distributed, nn)"),
         ("r_pg", "`init_process_group` (gloo, rendezvous on the store)"),
@@ -259,9 +278,8 @@ def report(results: dict[str, list[dict[str, float]]], runs: int, failed: dict[s
         ("r_step", "first training step"),
     )
     for key, label in phases:
-        lines.append(
-            f"| {label} | {_med(tr, key):.3f} | {_med(el, key):.3f} | {_med(pre, key):.3f} |"
-        )
+        t = f"{_med(tr, key):.3f}" if key in tr[0] else "n/a"
+        lines.append(f"| {label} | {t} | {_med(el, key):.3f} | {_med(pre, key):.3f} |")
     lines += [
         "",
         "## Where the launch goes (medians of the later rank, s)",
