@@ -202,6 +202,43 @@ def test_restart_stops_the_whole_tree_and_agent_sigkill_leaves_no_orphan(
         p.communicate(timeout=10)
 
 
+KILL_ZYGOTE = """
+    import json, os, sys
+    out, rank = os.environ["OUT_DIR"], os.environ["RANK"]
+    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    with open(os.path.join(out, f"warm.{rank}.{attempt}"), "w") as f:
+        json.dump("email.mime.text" in sys.modules, f)
+    if attempt == "0" and rank == "1":
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    title = f.read()
+            except OSError:
+                continue
+            if title.startswith(b"elastic-zygote") and f"agent {os.getppid()}".encode() in title:
+                os.kill(int(pid), 9)
+        sys.exit(1)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_when_the_zygote_dies_the_restart_is_cold_with_one_line(tmp_path: Path, tag: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    train = script(tmp_path, KILL_ZYGOTE)
+    flags = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"]
+    p = elastic_run(
+        [*flags, "--preload", PRELOAD, train],
+        tag,
+        OUT_DIR=str(out),
+    )
+    assert p.returncode == 0, p.stderr
+    warm = {f.name: json.loads(f.read_text()) for f in out.iterdir()}
+    assert warm == {"warm.0.0": True, "warm.1.0": True, "warm.0.1": False, "warm.1.1": False}
+    lines = [ln for ln in p.stderr.splitlines() if "start cold" in ln]
+    assert len(lines) == 1 and "the zygote exited" in lines[0], p.stderr
+
+
 THREADS = """
     import threading, time
     threading.Thread(target=time.sleep, args=(60,), daemon=True).start()

@@ -77,6 +77,7 @@ _FILE = os.path.abspath(__file__)
 _SOCK_FD = 3  # the zygote's end of the socket pair
 _MAX_MESSAGE = 1 << 20  # bytes: a request (argv + environment) or a reply
 _REPLY_TIMEOUT = 30.0  # seconds for a fork to be answered before the zygote counts as hung
+_READY_TIMEOUT = 300.0  # seconds for the preload (an import that hangs must not hang the job)
 # variables read when modules are imported or libraries loaded: a worker whose values
 # differ from the zygote's would not get what a cold start gives it
 _IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "GOMP_")
@@ -220,8 +221,14 @@ class Zygote:
 
     async def ready(self) -> bool:
         """Wait for the preload's end; True if workers can be forked from now on."""
-        if self._hello is not None:
-            await self._hello
+        if self._hello is not None and not self._hello.done():
+            import asyncio
+
+            try:
+                await asyncio.wait_for(asyncio.shield(self._hello), _READY_TIMEOUT)
+            except TimeoutError:
+                self._give_up(f"the preload took longer than {_READY_TIMEOUT:g}s")
+                self.close()
         return self.unusable is None and self._sock is not None
 
     def _give_up(self, why: str) -> None:
