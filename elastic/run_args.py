@@ -116,6 +116,8 @@ class LaunchConfig:
     event_log: str | None = None
     #: Variables to add to every worker's environment (e.g. OMP_NUM_THREADS=1).
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: ``--preload``: modules a zygote imports once; workers fork from it (warm restarts).
+    preload: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         configs = dict(self.rdzv_configs)
@@ -459,6 +461,14 @@ def get_args_parser(prog: str = "elastic run") -> argparse.ArgumentParser:
         default=None,
         help="File for the agent's events, one JSON object per line.",
     )
+    add(
+        "--preload",
+        action=_Env,
+        type=str,
+        default="",
+        help="MODULE[,MODULE...]: imported once by a warm parent process from which every "
+        "Python worker is forked, at launch and at each restart (e.g. torch).",
+    )
     add("training_script", type=str, help="The training script (or module, or program).")
     add("training_script_args", nargs=argparse.REMAINDER)
     return p
@@ -718,6 +728,7 @@ def config_from_args(
         hang_timeout=a.hang_timeout,
         event_log=a.event_log,
         extra_env=extra_env,
+        preload=_preload(a.preload),
     )
 
     cmd: Callable[..., Any] | str
@@ -739,6 +750,17 @@ def config_from_args(
         cmd = a.training_script
     cmd_args.extend(a.training_script_args)
     return config, cmd, cmd_args
+
+
+def _preload(raw: str) -> tuple[str, ...]:
+    """``--preload a,b.c`` → ("a", "b.c"); ConfigError for a name that is no module path."""
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    for n in names:
+        if not all(part.isidentifier() for part in n.split(".")):
+            raise ConfigError(
+                "--preload", f"got {n!r}; expected module names like torch,torch.nn.parallel"
+            )
+    return names
 
 
 def _check_endpoint(backend: str, endpoint: str) -> None:

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from elastic.errors import ConfigError
-from sim.calibration import load_calibration, scenario_calibration
+from sim.calibration import apply_calibration, load_calibration, scenario_calibration
 from sim.expect import check
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
@@ -62,8 +62,9 @@ def _sim_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--calibration",
         metavar="FILE",
-        help="apply this machine's latencies (a file from elastic calibrate; "
-        "default: the scenario's calibration: key)",
+        help="apply this machine's measurements (a file from elastic calibrate: latencies; "
+        "bench/results/warm.json: job.preload_saves; default: the scenario's calibration: "
+        "key)",
     )
     p.add_argument(
         "--time-scale",
@@ -265,6 +266,8 @@ def main(argv: Sequence[str]) -> int:
             if args.calibration
             else scenario_calibration(scenario)
         )
+        if calibration is not None:
+            scenario = apply_calibration(scenario, calibration)
     except ConfigError as e:
         _say(prog, str(e))
         return 2

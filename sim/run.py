@@ -111,7 +111,7 @@ def simulate(
     model = JobModel(
         steps=job.steps,
         step_time=job.step_time,
-        startup_time=job.startup_time + lat.extra_startup,
+        startup_time=job.startup_time - (job.preload_saves or 0.0) + lat.extra_startup,
         checkpoint_every=job.checkpoint_every,
         checkpoint_time=job.checkpoint_time,
         collective_timeout=job.collective_timeout,

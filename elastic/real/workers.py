@@ -82,7 +82,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from string import Template
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from elastic._records import Record
 from elastic.errors import ConfigError, ElasticError
@@ -93,6 +93,9 @@ from elastic.multiprocessing.tail import TeeSink, default_header
 from elastic.real import _fn_runner, proctree
 from elastic.real.reaper import ReaperSidecar
 from elastic.workers import ExitCause, WorkerExit, WorkerLaunch
+
+if TYPE_CHECKING:
+    from elastic.real.zygote import Zygote
 
 try:  # the C start path; absent when the extension could not be built
     from elastic.real import _spawn as _cspawn
@@ -631,6 +634,8 @@ class ProcessWorkers:
         self._became_subreaper = False
         self._orphans_since: int | None = None
         self._groups: list[ProcessGroup] = []  # started and not yet cleanly stopped
+        #: set by the agent for ``--preload`` (:mod:`elastic.real.zygote`)
+        self.zygote: Zygote | None = None
 
     @property
     def logs_specs(self) -> LogsSpecs:
@@ -883,7 +888,9 @@ class ProcessWorkers:
                 assert result_path is not None
                 pid = self._fork(fork_fn, args, env, dups, result_path)
             else:
-                pid = _spawn(argv, env, dups)
+                # --preload: forked from the zygote when it can (None: start cold)
+                zygote_pid = self.zygote.spawn(argv, env, dups) if self.zygote else None
+                pid = _spawn(argv, env, dups) if zygote_pid is None else zygote_pid
         finally:
             for fd in to_close:
                 os.close(fd)

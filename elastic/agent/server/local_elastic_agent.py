@@ -57,7 +57,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from elastic.agent.server.api import (
@@ -177,6 +177,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         gpu_check: bool = True,
         node: int | str | None = None,
         reaper: bool | ReaperSidecar = True,
+        preload: Sequence[str] = (),
     ) -> None:
         from elastic.real.workers import ProcessWorkers
 
@@ -229,6 +230,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._loop: asyncio.AbstractEventLoop | None = None
         if spec.numa_options:
             logger.warning("--numa-binding is not supported yet; workers are not bound")
+        self._preload = list(preload)
 
     # -- torch's API -------------------------------------------------------------------
     @property
@@ -317,6 +319,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         failed = True  # until the run returns or stops by a signal: see _tear_down
         try:
             self._set_up()
+            self._start_zygote()
             result = await super().run_async(role)
             failed = False
             return result
@@ -436,8 +439,28 @@ class LocalElasticAgent(SimpleElasticAgent):
             if self._private_dir is not None:
                 shutil.rmtree(self._private_dir, ignore_errors=True)
                 self._private_dir = None
+            if self._process_workers.zygote is not None:
+                self._process_workers.zygote.close()
         finally:
             await self._process_workers.aclose(sweep=sweep)
+
+    def _start_zygote(self) -> None:
+        """``--preload``: start the zygote now, so that its imports overlap the rendezvous."""
+        if not self._preload or self._process_workers.zygote is not None:
+            return
+        spec = self._worker_group.spec
+        if not isinstance(spec.entrypoint, str):
+            logger.warning("--preload: ignored for a function entrypoint")
+            return
+        from elastic.real.zygote import Zygote
+
+        env = {**os.environ, **self._extra_env}
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
+        )
+        zygote = Zygote(self._preload, spec.entrypoint, [str(a) for a in spec.args], env)
+        self._process_workers.zygote = zygote
+        zygote.start()
 
     # -- hooks of the loop ---------------------------------------------------------------
     def _emit(self, kind: str, rank: int | None = None, **fields: Any) -> None:
@@ -445,6 +468,11 @@ class LocalElasticAgent(SimpleElasticAgent):
         _log_event(self._worker_group.spec, kind, rank, fields)
 
     async def _start_workers(self, wg: WorkerGroup) -> None:
+        zygote = self._process_workers.zygote
+        if zygote is not None:
+            # it started with the run: a cold worker would import the same modules,
+            # later and once per worker
+            await zygote.ready()
         if self._progress_monitor is not None:
             self._progress_monitor.reset(range(wg.spec.local_world_size))
         await super()._start_workers(wg)
