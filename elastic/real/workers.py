@@ -957,8 +957,11 @@ class ProcessWorkers:
 def _spawn(argv: list[str], env: Mapping[str, str], dups: list[tuple[int, int]]) -> int:
     """Start ``argv[0]`` (a path) as ``argv[1:]``, tied to the agent; return its pid.
 
-    In its own process group, with ``dups`` (agent fd, child fd) applied and
-    ``PR_SET_PDEATHSIG=SIGKILL`` set before it runs.  ``argv`` is the executable
+    In its own session (so its own process group, whose id is its pid), as torch starts
+    its workers (``start_new_session=True``), with ``dups`` (agent fd, child fd) applied
+    and ``PR_SET_PDEATHSIG=SIGKILL`` set before it runs.  A session of its own also gives
+    it its own scheduling autogroup, as torch's workers have, where the kernel groups by
+    session.  ``argv`` is the executable
     followed by the worker's ``argv`` (``argv[1]`` is its ``argv[0]``).
     """
     agent = os.getpid()
@@ -968,7 +971,7 @@ def _spawn(argv: list[str], env: Mapping[str, str], dups: list[tuple[int, int]])
             [sys.executable, "-I", "-S", _SHIM, str(agent), *argv],
             env,
             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in dups],
-            setpgroup=0,
+            setsid=True,
         )
     path = argv[0]
     try:
@@ -977,9 +980,9 @@ def _spawn(argv: list[str], env: Mapping[str, str], dups: list[tuple[int, int]])
             [os.fsencode(a) for a in argv[1:]],
             [os.fsencode(f"{k}={v}") for k, v in env.items()],
             dups,
-            pgid=0,
             pdeathsig=signal.SIGKILL,
             parent_pid=agent,
+            setsid=True,
         )
     except (FileNotFoundError, PermissionError) as e:
         raise ConfigError("entrypoint", f"cannot execute {path!r}: {e.strerror}") from None
