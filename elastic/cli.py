@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 __all__ = ["entry", "main"]
 
 DIST_NAME = "elastic-sim-agent"
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C ended
 RUN_HELP = "Launch real workers and restart them on failure, like torchrun (its flags)."
 
 
@@ -97,7 +98,7 @@ def _guarded(name: str, command: Callable[[Sequence[str]], int], argv: Sequence[
         return 141  # 128 + SIGPIPE: what the shell shows for a tool SIGPIPE killed
     except KeyboardInterrupt:
         print(f"\nelastic {name}: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
 
 
 def _silence_stdout() -> None:
@@ -117,11 +118,13 @@ def entry() -> None:
     ``elastic run`` leaves without the interpreter's teardown (``os._exit`` once its
     output is flushed): by then its workers are stopped, its files closed and its
     sidecar told to go, and walking a few hundred modules and their objects to free
-    them would only delay the exit status a launcher waits for (≈3 ms).  Other commands
-    (and an exception, which prints its traceback) exit the ordinary way.
+    them would only delay the exit status a launcher waits for (≈3 ms).  An interrupted
+    plugin command (130) leaves the same way: its half-run work (a simulation's suspended
+    coroutines) has nothing to close, and collecting it at exit would print warnings
+    after the one line said.  Other commands exit the ordinary way.
     """
     code = main()
-    if sys.argv[1:2] == ["run"]:
+    if sys.argv[1:2] == ["run"] or code == INTERRUPTED:
         logging = sys.modules.get("logging")
         if logging is not None:
             logging.shutdown()

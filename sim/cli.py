@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from elastic.errors import ConfigError
+from sim.calibration import apply_calibration, load_calibration, scenario_calibration
 from sim.expect import check
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
@@ -57,6 +58,21 @@ def _sim_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--plot", metavar="FILE", help="draw the timeline (PNG/SVG/PDF; needs matplotlib)"
+    )
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="apply this machine's measurements (a file from elastic calibrate: latencies; "
+        "bench/results/warm.json: job.preload_saves; default: the scenario's calibration: "
+        "key)",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="with a calibration: model a real run at elastic real --time-scale K "
+        "(its wall latencies are K times as long in scenario time)",
     )
     p.add_argument(
         "--write-faults",
@@ -243,6 +259,15 @@ def main(argv: Sequence[str]) -> int:
         scenario = load_scenario(args.scenario)
         if args.seed is not None:
             scenario = scenario.with_seed(args.seed)
+        if not args.time_scale > 0 or args.time_scale == float("inf"):
+            raise ConfigError("--time-scale", f"got {args.time_scale}; expected K > 0")
+        calibration = (
+            load_calibration(args.calibration)
+            if args.calibration
+            else scenario_calibration(scenario)
+        )
+        if calibration is not None:
+            scenario = apply_calibration(scenario, calibration)
     except ConfigError as e:
         _say(prog, str(e))
         return 2
@@ -257,7 +282,9 @@ def main(argv: Sequence[str]) -> int:
     show = sys.stderr.isatty() and not args.json
     try:
         with _progress_bar(show, "simulating") as progress:
-            result = simulate(scenario, progress=progress)
+            result = simulate(
+                scenario, progress=progress, calibration=calibration, time_scale=args.time_scale
+            )
     except ConfigError as e:
         _say(prog, str(e))
         return 2
@@ -275,7 +302,9 @@ def main(argv: Sequence[str]) -> int:
     log = _log_bytes(result.events)
     if args.check_determinism:
         with _progress_bar(show, "again, for --check-determinism") as progress:
-            again = simulate(scenario, progress=progress)
+            again = simulate(
+                scenario, progress=progress, calibration=calibration, time_scale=args.time_scale
+            )
         report["event_log_sha256"] = hashlib.sha256(log).hexdigest()
         if log != _log_bytes(again.events):
             _say(

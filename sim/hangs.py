@@ -6,14 +6,18 @@ Two paths, chosen by the scenario's ``job:`` settings:
   node's agent runs the real timer server core (:class:`elastic.timer.driver.TimerDriver`)
   on the simulated clock.  Steps that finish release their timer, so only the step that
   hangs matters: when a worker hangs, its client acquires ``"train_step"`` expiring
-  ``after`` seconds later (the hang is taken to happen at the start of a step — the
-  acquire/release of every completed step is not simulated, which would cost events and
-  change nothing).  At expiry the server reaps the worker (SIGKILL); the agent sees a
-  failed worker and applies its restart policy.
+  ``after`` seconds after the start of the step (or checkpoint) it hangs in — where a
+  real worker acquired it, as ``elastic real`` measured: counting from the hang itself
+  was up to a step late.  The acquire/release of every completed step is not simulated,
+  which would cost events and change nothing.  At expiry the server reaps the worker
+  (SIGKILL); the agent sees a failed worker and applies its restart policy.
 * ``hang_timeout: <t>`` — workers beat once per step; a beat is computed from time, not
   simulated.  When the world stops making progress (a hang, a crash, a partition), every
-  member stops beating; if the group is still running ``t`` later, the agent's health
-  watch declares it UNHEALTHY, naming the ranks that stopped.
+  member stops beating; if the group is still running ``t`` after the last beat (the end
+  of the last completed step, not the moment of the hang: the real watch counts from the
+  beat it last saw), the agent's health watch declares it UNHEALTHY, naming the ranks
+  that stopped.  A world that never completed a step has no beat and is never declared
+  hung this way (the real watch arms a rank at its first beat).
 """
 
 from __future__ import annotations
@@ -47,9 +51,12 @@ class SimHangWatch:
             await self.clock.event().wait()  # nothing to watch: never fires
         assert sim_group is not None
         world = sim_group.world
-        await world.stalled.wait()
-        stalled_at = self.clock.now()
-        await self.clock.sleep(self.hang_timeout)
+        stalled_at = await world.stalled.wait()
+        if stalled_at is None:
+            # no step completed in this world: no beat was seen, nothing is armed (as
+            # the real ProgressWatcher watches a rank from its first beat)
+            await self.clock.event().wait()
+        await self.clock.sleep(stalled_at + self.hang_timeout - self.clock.now())
         ranks = sorted(w.global_rank for w in sim_group.workers.values() if w.alive)
         hung = sorted(w.global_rank for w in sim_group.workers.values() if w.state is WState.HUNG)
         return (
@@ -68,12 +75,12 @@ def health_watches_factory(
 
     if timer_after is not None:
 
-        def on_hang(w: SimWorker, now: float) -> None:
+        def on_hang(w: SimWorker, acquired_at: float) -> None:
             entry = drivers.get(w.group.node)
             if entry is None:
                 return
             driver, _node = entry
-            ClockTimerClient(driver, w.pid, clock).acquire("train_step", now + timer_after)
+            ClockTimerClient(driver, w.pid, clock).acquire("train_step", acquired_at + timer_after)
 
         training.on_hang.append(on_hang)
 

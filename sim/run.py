@@ -17,6 +17,7 @@ from simpy.events import AnyOf
 from elastic.events import AgentEvent, ListSink
 from elastic.rendezvous import get_rendezvous_handler
 from elastic.rendezvous.api import RendezvousContext, RendezvousHandler, RendezvousParameters
+from sim.calibration import Calibration, ModelLatencies
 from sim.clock import SimClock
 from sim.report import build_report
 from sim.scenario import Fault, FaultKind, RendezvousBackend, Scenario, expand_faults, fault_rng
@@ -83,16 +84,26 @@ def simulate(
     sc: Scenario,
     seed: int | None = None,
     progress: Callable[[float, float], None] | None = None,
+    calibration: Calibration | None = None,
+    time_scale: float = 1.0,
 ) -> SimResult:
     """Run ``sc`` (with ``seed`` overriding the file's) and return its report and events.
 
     ``progress(now, until)`` is called every ``until / PROGRESS_TICKS`` simulated
     seconds (for a progress bar).  The ticks are simpy timeouts of their own: they do
     not change the order of the run's events, its event log or its ``sim_events``.
+
+    ``calibration``: this machine's latencies (:mod:`sim.calibration`), as a real run at
+    ``time_scale`` meets them; they replace the store's latency and add to the worker
+    model's start-up, stop time and exit notice.
     """
     wall0 = time.perf_counter()
     if seed is not None:
         sc = sc.with_seed(seed)
+    lat = ModelLatencies()
+    if calibration is not None:
+        lat = calibration.latencies(time_scale)
+        sc = calibration.apply_store(sc, time_scale)
     faults = expand_faults(sc, fault_rng(sc.seed))
     clock = SimClock()
     sink = ListSink()
@@ -100,10 +111,12 @@ def simulate(
     model = JobModel(
         steps=job.steps,
         step_time=job.step_time,
-        startup_time=job.startup_time,
+        startup_time=job.startup_time - (job.preload_saves or 0.0) + lat.extra_startup,
         checkpoint_every=job.checkpoint_every,
         checkpoint_time=job.checkpoint_time,
         collective_timeout=job.collective_timeout,
+        stop_time=lat.stop_time,
+        exit_notice=lat.exit_notice,
     )
     training = Training(clock, model, sink)
     host = SimStoreHost(clock, latency=sc.store.latency)

@@ -162,6 +162,9 @@ class Job:
 
     ``timer``: each step runs inside ``expires(after=timer)``, so a hung worker is reaped by
     the timer server.  ``hang_timeout``: progress-heartbeat hang detection.  Both off if None.
+    ``preload_saves``: how much of ``startup_time`` ``elastic run --preload`` removes from
+    every start of the workers (None: not said; a calibration file may supply it, see
+    :mod:`sim.calibration`; else 0).
     """
 
     steps: int
@@ -172,6 +175,7 @@ class Job:
     collective_timeout: float = 600.0
     timer: float | None = None
     hang_timeout: float | None = None
+    preload_saves: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +326,9 @@ class Scenario:
     faults: tuple[Fault | RateFault, ...] = ()
     expect: Expectation = field(default_factory=Expectation)
     source: str = field(default="<string>", compare=False)
+    # a calibration file (``elastic calibrate``), as written in the scenario; relative to
+    # the scenario's directory (see :mod:`sim.calibration`)
+    calibration: str = ""
 
     def with_seed(self, seed: int) -> Scenario:
         """This scenario with another seed (``elastic sim --seed``); refuses a negative seed."""
@@ -362,6 +369,8 @@ class Scenario:
             job["timer"] = format_duration(self.job.timer)
         if self.job.hang_timeout is not None:
             job["hang_timeout"] = format_duration(self.job.hang_timeout)
+        if self.job.preload_saves is not None:
+            job["preload_saves"] = format_duration(self.job.preload_saves)
         out["job"] = job
         out["agent"] = {
             "max_restarts": self.agent.max_restarts,
@@ -380,6 +389,8 @@ class Scenario:
             "close_timeout": format_duration(rdzv.close_timeout),
         }
         out["store"] = {"latency": format_duration(self.store.latency)}
+        if self.calibration:
+            out["calibration"] = self.calibration
         out["faults"] = [_fault_to_dict(f) for f in self.faults]
         expect: dict[str, Any] = {}
         for key, wanted in self.expect.items():
@@ -841,6 +852,7 @@ _TOP_KEYS = (
     "store",
     "faults",
     "expect",
+    "calibration",
 )
 _CLUSTER_KEYS = ("nodes", "nproc_per_node", "spare_nodes")
 _JOB_KEYS = (
@@ -852,6 +864,7 @@ _JOB_KEYS = (
     "collective_timeout",
     "timer",
     "hang_timeout",
+    "preload_saves",
 )
 _AGENT_KEYS = ("max_restarts", "monitor_interval", "exit_barrier_timeout", "shutdown_timeout")
 _RDZV_KEYS = (
@@ -917,6 +930,7 @@ class _ScenarioReader:
         rendezvous = self._rendezvous(top, cluster)
         faults = self._faults(top, cluster, rendezvous, until)
         expect = self._expect(top)
+        calibration = top.get("calibration", _Text(), "")
         return Scenario(
             name=name,
             description=description,
@@ -930,6 +944,7 @@ class _ScenarioReader:
             faults=faults,
             expect=expect,
             source=source,
+            calibration=calibration,
         )
 
     def _section(self, top: _Map, key: str, required: bool) -> _Map | None:
@@ -972,15 +987,25 @@ class _ScenarioReader:
     def _job(self, top: _Map) -> Job:
         m = self._section(top, "job", required=True)
         assert m is not None
+        startup_time = m.get("startup_time", _Duration(), 0.0)
+        preload_saves = m.opt("preload_saves", _Duration())
+        if preload_saves is not None and preload_saves > startup_time:
+            raise self.ctx.error(
+                m.line_of("preload_saves"),
+                m.sub("preload_saves"),
+                f"got {format_duration(preload_saves)}; expected at most the job's "
+                f"startup_time ({format_duration(startup_time)}), the part a preload removes",
+            )
         return Job(
             steps=m.req("steps", _Int(1)),
             step_time=m.req("step_time", _Duration(positive=True)),
-            startup_time=m.get("startup_time", _Duration(), 0.0),
+            startup_time=startup_time,
             checkpoint_every=m.get("checkpoint_every", _Int(0), 0),
             checkpoint_time=m.get("checkpoint_time", _Duration(), 0.0),
             collective_timeout=m.get("collective_timeout", _Duration(positive=True), 600.0),
             timer=m.opt("timer", _Duration(positive=True)),
             hang_timeout=m.opt("hang_timeout", _Duration(positive=True)),
+            preload_saves=preload_saves,
         )
 
     def _agent(self, top: _Map) -> Agent:

@@ -54,6 +54,9 @@ class JobModel:
     checkpoint_time: float = 0.0
     collective_timeout: float = 600.0
     stop_time: float = 0.0  # how long a worker takes to exit after SIGTERM
+    # how long after a worker's exit its agent sees it (the kernel's notice, the
+    # agent's loop): 0 unless a calibration says otherwise (sim.calibration)
+    exit_notice: float = 0.0
 
     def segment(self) -> float:
         return self.checkpoint_every * self.step_time + self.checkpoint_time
@@ -73,6 +76,40 @@ class JobModel:
         steps = min(self.steps, s0 + n_full * k + in_seg)
         ckpt = min(self.steps, s0 + n_full * k)
         return steps, ckpt
+
+    def phase_start(self, work: float) -> float:
+        """Where (in work seconds) the step or checkpoint in progress at ``work`` began.
+
+        A worker's step timer is acquired there (the model worker runs every step and
+        every checkpoint inside ``expires(after=timer)``)."""
+        st = self.step_time
+        k = self.checkpoint_every
+        if k <= 0:
+            return math.floor(work / st + 1e-9) * st
+        seg = self.segment()
+        n_full = math.floor(work / seg + 1e-9)
+        rem = work - n_full * seg
+        if rem < k * st - 1e-9:
+            return n_full * seg + math.floor(rem / st + 1e-9) * st
+        return n_full * seg + k * st  # in the checkpoint
+
+    def last_beat(self, work: float) -> float | None:
+        """Where (in work seconds) the last step completed before ``work``: a worker beats
+        after each step.  None before the first step of a world completed."""
+        st = self.step_time
+        k = self.checkpoint_every
+        if k <= 0:
+            n = math.floor(work / st + 1e-9)
+            return n * st if n > 0 else None
+        seg = self.segment()
+        n_full = math.floor(work / seg + 1e-9)
+        rem = work - n_full * seg
+        in_seg = min(k, math.floor(rem / st + 1e-9))
+        if in_seg > 0:
+            return n_full * seg + in_seg * st
+        if n_full == 0:
+            return None
+        return (n_full - 1) * seg + k * st  # the step before the last checkpoint
 
     def work_to_finish(self, s0: int) -> float:
         """Seconds of work from step ``s0`` (a checkpoint) to the last step."""
@@ -130,6 +167,7 @@ class Training:
         self.worlds: dict[int, World] = {}
         self.slow: dict[Any, float] = {}  # node -> slow-down factor
         self._pid = 1000
+        # called with the hung worker and when its step's timer was acquired
         self.on_hang: list[Callable[[SimWorker, float], None]] = []
 
     def next_pid(self) -> int:
@@ -172,7 +210,9 @@ class World:
         self.factor = 1.0
         self._gen = 0  # invalidates scheduled completions
         self._formation_armed = False
-        self.stalled: OneShot = training.clock.event()  # set when progress stops
+        # set when progress stops, to the time of the last beat (None: no step completed,
+        # so no beat was ever seen and a progress watch never arms)
+        self.stalled: OneShot = training.clock.event()
 
     # -- formation -------------------------------------------------------------------------
     def join(self, w: SimWorker) -> None:
@@ -234,6 +274,25 @@ class World:
         nodes = {m.group.node for m in self.members.values()}
         return max([slow.get(n, 1.0) for n in nodes] + [1.0])
 
+    def _time_of_work(self, work: float) -> float:
+        """When the world had done ``work`` (``_advance`` first: work is up to now)."""
+        return self.t_mark - (self.work - work) * self.factor
+
+    def timer_start(self) -> float:
+        """When the step or checkpoint in progress began (now if the world is not running)."""
+        if self.state is not WorldState.RUNNING:
+            return self.training.clock.now()
+        self._advance()
+        return self._time_of_work(self.training.model.phase_start(self.work))
+
+    def last_beat(self) -> float | None:
+        """When the last step completed (None: none yet, or the world is not running)."""
+        if self.state is not WorldState.RUNNING:
+            return None
+        self._advance()
+        w = self.training.model.last_beat(self.work)
+        return None if w is None else self._time_of_work(w)
+
     def _advance(self) -> None:
         now = self.training.clock.now()
         self.work += (now - self.t_mark) / self.factor
@@ -276,12 +335,13 @@ class World:
 
     def break_(self, cause: str, culprit: SimWorker | None = None) -> None:
         """A member died, hung or was stopped: the collective stops making progress."""
+        beat = self.last_beat()
         if self.state is WorldState.RUNNING:
             self._settle_progress()
         if self.state in (WorldState.RUNNING, WorldState.FORMING):
             self.state = WorldState.BROKEN
             self._gen += 1
-            self.stalled.set(self.training.clock.now())
+            self.stalled.set(beat)
             self.training.emit("sim.world_broken", round=self.round, cause=cause)
             survivors = [
                 m
@@ -305,6 +365,7 @@ class SimGroup:
         t = port.training
         self.workers: dict[int, SimWorker] = {}
         self._exits: list[WorkerExit] = []
+        self._seen_at: list[float] = []  # when the agent may see each exit
         self._returned = 0
         self._waiter: OneShot | None = None
         size = int(launches[0].env.get("WORLD_SIZE", "0")) if launches else 0
@@ -338,11 +399,20 @@ class SimGroup:
                 extra={"reason": reason} if reason else {},
             )
         )
+        notice = t.model.exit_notice
+        self._seen_at.append(t.clock.now() + notice)
+        if notice > 0:
+            ev = t.clock.env.timeout(notice)
+            ev.callbacks.append(lambda _: self._wake())
+        else:
+            self._wake()
+        if code != 0 and w.world is not None and was is not WState.HUNG:
+            w.world.break_(reason or cause.value, culprit=w)
+
+    def _wake(self) -> None:
         if self._waiter is not None:
             waiter, self._waiter = self._waiter, None
             waiter.set()
-        if code != 0 and w.world is not None and was is not WState.HUNG:
-            w.world.break_(reason or cause.value, culprit=w)
 
     # -- faults on workers ------------------------------------------------------------------
     def crash(self, local_rank: int, exit_code: int) -> bool:
@@ -362,11 +432,12 @@ class SimGroup:
         if w is None or not w.alive or w.state is WState.HUNG:
             return False
         world = w.world
+        timer_from = world.timer_start() if world is not None else self.port.training.clock.now()
         w.state = WState.HUNG
         if world is not None:
             world.break_("worker_hang", culprit=w)
         for cb in self.port.training.on_hang:
-            cb(w, self.port.training.clock.now())
+            cb(w, timer_from)
         return True
 
     def kill_hung(self, w: SimWorker, code: int) -> None:
@@ -386,9 +457,10 @@ class SimGroup:
         return frozenset(lr for lr, w in self.workers.items() if w.alive)
 
     async def next_exit(self) -> WorkerExit:
-        while self._returned >= len(self._exits):
+        clock = self.port.training.clock
+        while self._returned >= len(self._exits) or self._seen_at[self._returned] > clock.now():
             if self._waiter is None:
-                self._waiter = self.port.training.clock.event()
+                self._waiter = clock.event()
             await self._waiter.wait()
         ex = self._exits[self._returned]
         self._returned += 1

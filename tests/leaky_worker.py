@@ -3,7 +3,8 @@
 ``leaky_worker.py <dir> <crash|wait|ok> [<seconds>]``: the three sleep ``<seconds>``
 (default 300; a unique value lets a test find them by command line).  Writes
 ``<dir>/<local rank>_<attempt>`` with the three pids (atomically), then exits 1
-(crash), sleeps (wait) or exits 0 (ok).  Used by
+(crash), sleeps (wait) or exits 0 (ok); ``<n>:<then>`` crashes in attempts below ``n``
+and does ``<then>`` from attempt ``n`` on.  Used by
 the leak regression tests and the soak test (tests/test_leaks.py, tests/test_soak.py,
 bench/bench_soak.py).
 """
@@ -35,7 +36,12 @@ def main() -> None:
     rank = os.environ.get("LOCAL_RANK", "0")
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     helper = subprocess.Popen(["/bin/sleep", seconds])
-    pids = [helper.pid, daemon(None, seconds), daemon({}, seconds)]
+    # LEAKY_MARKED_ONLY=1: no env={} daemon (a test of the marked tree alone)
+    scrubbed = 0 if os.environ.get("LEAKY_MARKED_ONLY") == "1" else daemon({}, seconds)
+    pids = [helper.pid, daemon(None, seconds), scrubbed]
+    if ":" in mode:
+        n, then = mode.split(":", 1)
+        mode = "crash" if int(attempt) < int(n) else then
     path = os.path.join(where, f"{rank}_{attempt}")
     with open(path + ".tmp", "w") as f:
         f.write(" ".join(map(str, pids)))

@@ -325,3 +325,42 @@ def test_help_lists_every_command_and_version_names_the_distribution(
     from elastic import __version__
 
     assert code == 0 and out == f"elastic-sim-agent {__version__} (import package: elastic)\n"
+
+
+def test_a_log_over_the_size_cap_is_refused_without_reading_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sim.eventlog import MAX_LOG_BYTES
+
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.truncate(MAX_LOG_BYTES + 1)  # sparse: no disk used
+    t0 = time.monotonic()
+    code, out, err = _run(["report", str(big)], capsys)
+    assert code == 2 and out == "" and "may have at most" in err, err
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.timeout(120)
+def test_the_report_of_a_large_log_holds_only_running_totals(tmp_path: Path) -> None:
+    """One pass, events not kept: memory does not grow with the log (a 190 MB log once
+    took 1.6 GB)."""
+    import tracemalloc
+
+    from sim.eventlog import iter_event_log
+    from sim.report import build_report
+
+    log = tmp_path / "large.jsonl"
+    line = (
+        '{"fields":{"attempt":%d,"local_rank":0,"worker_pid":%d,"world_size":64},'
+        '"kind":"torchelastic.worker.status.START","node":%d,"rank":0,"role":"default",'
+        '"t":%d.5}\n'
+    )
+    with open(log, "w") as f:
+        f.writelines(line % (i, 1000 + i, i % 512, i) for i in range(30_000))
+    tracemalloc.start()
+    report = build_report(iter_event_log(str(log)))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert report["events"] == 30_000 and report["nodes"] == 512
+    assert peak < 4 * 2**20, peak  # the log is ≈ 5 MB; its events would take ≈ 30 MB

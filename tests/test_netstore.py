@@ -203,3 +203,20 @@ def test_a_dynamic_rendezvous_of_three_agents_each_on_its_own_connection() -> No
                 await c.aclose()
 
     run(body)
+
+
+def test_a_lease_the_server_expired_is_refused_by_name_and_marked_dead() -> None:
+    async def body() -> None:
+        async with serving() as server:
+            c = await client(server)
+            lease = await c.grant_lease(0.2)
+            lease.abandon()
+            await asyncio.sleep(0.5)
+            with pytest.raises(StoreError, match=f"lease {lease.id} is unknown to this store"):
+                await c.set("k", b"v", lease=lease)
+            assert not lease.alive()
+            with pytest.raises(StoreError, match="has expired"):  # refused locally now
+                await c.set("k", b"v", lease=lease)
+            await c.aclose()
+
+    run(body)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import psutil
 import pytest
 
 from elastic.errors import StoreError
@@ -222,7 +223,9 @@ def test_too_many_connections_get_one_clear_error() -> None:
             with pytest.raises(StoreError, match="serves at most 2 connections"):
                 await client(server, connect_timeout=1.0)
             await a.aclose()
-            await asyncio.sleep(0.1)  # the server sees the close
+            async with asyncio.timeout(10):  # the server sees the close
+                while server.connections > 1:
+                    await asyncio.sleep(0.01)
             c = await client(server)  # a slot is free again
             await c.set("k", b"v")
             assert await b.get("k") == b"v"
@@ -277,17 +280,102 @@ def test_a_reader_too_slow_for_its_replies_is_dropped_and_others_are_served() ->
 
 def test_a_silent_peer_is_dropped_but_a_pinging_client_is_kept() -> None:
     async def body() -> None:
-        async with serving(idle_timeout=0.4) as server:
+        async with serving(idle_timeout=1.0) as server:
             c = await client(server)
             raw = await Raw.open(server)
             await raw.send(encode_request(1, "hello", None))
             assert (await raw.reply()).ok
-            assert await raw.replies_until_closed(timeout=5) == []  # dropped after 0.4 s
-            pending = asyncio.create_task(c.get("later", timeout=10))
-            await asyncio.sleep(1.5)  # only a long wait outstanding: pings keep it
+            assert await raw.replies_until_closed(timeout=10) == []  # dropped after 1 s
+            pending = asyncio.create_task(c.get("later", timeout=20))
+            await asyncio.sleep(3.0)  # only a long wait outstanding: pings keep it
             await c.set("later", b"v")
             assert await pending == b"v"
             assert c.reconnects == 0
             await c.aclose()
+
+    run(body)
+
+
+def test_too_many_leases_on_one_connection_are_refused_until_some_go() -> None:
+    async def body() -> None:
+        async with serving(max_leases_per_connection=3) as server:
+            c = await client(server)
+            leases = [await c.grant_lease(30.0) for _ in range(3)]
+            with pytest.raises(StoreError, match="holds 3 leases"):
+                await c.grant_lease(30.0)
+            await leases[0].revoke()
+            extra = await c.grant_lease(30.0)
+            assert extra.alive()
+            await c.aclose()
+
+    run(body)
+
+
+def test_server_resources_are_flat_after_many_good_and_bad_connections() -> None:
+    proc = psutil.Process()
+
+    async def cycle(server: StoreServer, i: int) -> None:
+        c = await client(server, token=TOKEN)
+        lease = await c.grant_lease(0.05)
+        await c.set(f"k{i % 10}", b"v", lease=lease)
+        waiting = asyncio.create_task(c.get("never", timeout=30))
+        await asyncio.sleep(0)
+        await c.aclose()
+        with contextlib.suppress(StoreError):
+            await waiting
+        raw = await Raw.open(server)
+        await raw.send(b"\xff\xff\xff\xff")
+        await raw.replies_until_closed()
+
+    async def body() -> tuple[int, int, int, int]:
+        async with serving(token=TOKEN) as server:
+            for i in range(20):
+                await cycle(server, i)
+            await asyncio.sleep(0.2)
+            fds, tasks = proc.num_fds(), len(asyncio.all_tasks())
+            for i in range(200):
+                await cycle(server, i)
+            await asyncio.sleep(0.2)  # the last leases expire (ttl 0.05 after the drop)
+            assert server.connections == 0
+            return fds, proc.num_fds(), tasks, len(asyncio.all_tasks())
+
+    fds0, fds1, tasks0, tasks1 = run(body)
+    assert fds1 <= fds0 + 2, (fds0, fds1)
+    assert tasks1 <= tasks0 + 2, (tasks0, tasks1)
+
+
+def test_expired_leases_are_forgotten_so_a_long_lived_client_can_keep_granting() -> None:
+    async def body() -> None:
+        async with serving() as server:
+            c = await client(server)
+            for i in range(1500):  # more than max_leases_per_connection (1024) in all
+                lease = await c.grant_lease(0.01)
+                lease.abandon()
+                if i % 100 == 99:
+                    await asyncio.sleep(0.05)  # let the last hundred expire
+            assert len(server.hosted.leases) < 1500
+            await c.aclose()
+
+    run(body)
+
+
+def test_incomplete_frames_of_all_connections_together_are_bounded() -> None:
+    async def body() -> None:
+        async with serving(max_frame=64 * 1024, max_buffered=100_000) as server:
+            good = await client(server)
+            raws = []
+            for _ in range(2):  # each holds most of a 60 kB frame; two exceed 100 kB
+                raw = await Raw.open(server)
+                await raw.send(encode_request(1, "hello", None))
+                assert (await raw.reply()).ok
+                await raw.send((60_000).to_bytes(4, "big") + b"\x00" * 59_000)
+                raws.append(raw)
+            replies = await raws[1].replies_until_closed()
+            assert [(r.id, r.kind) for r in replies] == [(0, "limit")]
+            assert "max_buffered 100000" in replies[0].message
+            assert server.connections == 2  # the first is still served
+            await good.set("k", b"v")
+            raws[0].writer.close()
+            await good.aclose()
 
     run(body)

@@ -135,8 +135,8 @@ def test_a_store_down_longer_than_read_timeout_is_a_clear_error_naming_it() -> N
     run(body)
 
 
-def test_an_add_whose_reply_is_lost_fails_as_unknown_while_a_get_is_resent() -> None:
-    """A server that drops the connection on the first add and the first get it sees."""
+def test_an_add_whose_reply_is_lost_fails_as_unknown_while_get_and_grant_are_resent() -> None:
+    """A server that drops the connection on the first add, get and grant_lease it sees."""
     seen: list[str] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -148,12 +148,14 @@ def test_an_add_whose_reply_is_lost_fails_as_unknown_while_a_get_is_resent() -> 
                     if req.op == "hello":
                         hello = {"instance": "x", "idle_timeout": 60.0, "revision": 0}
                         writer.write(encode_ok(req.id, hello))
-                    elif req.op in ("add", "get") and req.op not in seen:
+                    elif req.op in ("add", "get", "grant_lease") and req.op not in seen:
                         seen.append(req.op)
                         writer.transport.abort()  # the request may or may not have applied
                         return
                     elif req.op == "get":
                         writer.write(encode_ok(req.id, b"v"))
+                    elif req.op == "grant_lease":
+                        writer.write(encode_ok(req.id, 7))
         except ConnectionError:
             pass
         finally:
@@ -166,7 +168,9 @@ def test_an_add_whose_reply_is_lost_fails_as_unknown_while_a_get_is_resent() -> 
         with pytest.raises(StoreError, match=r"add on the store .* whether it took effect is"):
             await c.add("n", 1)
         assert await c.get("k") == b"v"
-        assert seen == ["add", "get"]
+        lease = await c.grant_lease(60.0)  # resent: a lost grant's lease expires unseen
+        assert lease.id == 7
+        assert seen == ["add", "get", "grant_lease"]
         await c.aclose()
         server.close()
         await server.wait_closed()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from datetime import timedelta
 
 import pytest
@@ -56,11 +57,39 @@ def test_get_rendezvous_handler_without_ports_builds_the_real_ports_as_torch_doe
     assert h.shutdown()
 
 
-def test_get_rendezvous_handler_without_ports_refuses_a_remote_endpoint_in_one_line() -> None:
+@pytest.mark.timeout(60)
+def test_get_rendezvous_handler_without_ports_opens_the_network_store_for_several_nodes() -> None:
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = RendezvousParameters("c10d", f"127.0.0.1:{port}", "net", 2, 2, last_call_timeout=1)
+    handlers = [get_rendezvous_handler(p) for _ in range(2)]  # this process hosts the store
+    ranks: list[int] = []
+    threads = [
+        threading.Thread(target=lambda h=h: ranks.append(h.next_rendezvous().rank))
+        for h in handlers
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(ranks) == [0, 1]
+
+
+@pytest.mark.timeout(60)
+def test_get_rendezvous_handler_without_ports_names_a_store_it_cannot_reach() -> None:
     from elastic.rendezvous import RendezvousConnectionError
 
-    p = RendezvousParameters("c10d", "10.255.255.1:29400", "job", 1, 2)
-    with pytest.raises(RendezvousConnectionError, match="is on another host"):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    p = RendezvousParameters(
+        "c10d", f"127.0.0.1:{port}", "job", 1, 2, is_host="false", read_timeout=1
+    )
+    with pytest.raises(RendezvousConnectionError, match=f"127.0.0.1:{port}"):
         get_rendezvous_handler(p)
 
 
@@ -136,7 +165,7 @@ def test_bad_conf_value_is_one_config_error_line_naming_the_flag_and_option() ->
         get_rendezvous_handler(params(join_timeout="soon"), ctx())
     assert str(e.value) == (
         "--rdzv-conf: The rendezvous configuration option 'join_timeout' does not represent a "
-        "valid integer value."
+        "valid number of seconds."
     )
     with pytest.raises(
         ConfigError, match=re.escape("The join timeout (0:00:00) must be positive.")

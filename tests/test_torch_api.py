@@ -6,6 +6,7 @@ imported at torch's path with ``torch.distributed.elastic`` replaced by ``elasti
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 from collections.abc import Iterator, Sequence
@@ -112,23 +113,9 @@ SEED_NAMES: list[tuple[str, str | None]] = [
     ("elastic.run", "main"),
 ]
 
-# Names still to be written (xfail, strict: the list must be emptied the day they land).
-NOT_YET: set[str] = set()
-
-
 @pytest.mark.parametrize(
     ("module", "name"),
-    [
-        pytest.param(
-            m,
-            n,
-            marks=[pytest.mark.xfail(strict=True, reason="the etcd helper's")]
-            if m in NOT_YET
-            else [],
-            id=f"{m}:{n}" if n else m,
-        )
-        for m, n in SEED_NAMES
-    ],
+    [pytest.param(m, n, id=f"{m}:{n}" if n else m) for m, n in SEED_NAMES],
 )
 def test_every_documented_name_imports_at_torchs_path(module: str, name: str | None) -> None:
     mod = importlib.import_module(module)
@@ -307,6 +294,9 @@ def test_rendezvous_info_store_offers_torchs_blocking_store_methods(
     store.wait(["a", "m1"], timedelta(seconds=1))
     with pytest.raises(TimeoutError):
         store.wait(["never"], timedelta(milliseconds=50))
+    store.timeout = 0.05  # the store's own timeout bounds a get, as torch's does
+    with pytest.raises(TimeoutError):
+        store.get("never")
     assert store.check(["a", "m2"]) and not store.check(["a", "never"])
     before = store.num_keys()
     assert store.delete_key("a") and not store.delete_key("a")
@@ -462,3 +452,52 @@ def test_run_main_raises_value_error_where_torch_does(argv: list[str]) -> None:
 
     with pytest.raises(ValueError):
         main(["--standalone", *argv])
+
+
+def test_a_private_registry_behaves_as_torchs_registry_test_expects() -> None:
+    from elastic.rendezvous import RendezvousHandlerRegistry
+
+    class Dummy(TorchStyleHandler):
+        def __init__(self, params: RendezvousParameters) -> None:
+            super().__init__()
+            self.params = params
+
+        def get_backend(self) -> str:
+            return "dummy_backend"
+
+    def create(params: RendezvousParameters) -> RendezvousHandler:
+        return Dummy(params)
+
+    reg = RendezvousHandlerRegistry()
+    params = RendezvousParameters("dummy_backend", "dummy_endpoint", "dummy_run_id", 1, 1)
+    with pytest.raises(ValueError, match=r"is not registered\. Did you forget to call `register`"):
+        reg.create_handler(params)
+    reg.register("dummy_backend", create)
+    reg.register("dummy_backend", create)
+    handler = reg.create_handler(params)
+    assert isinstance(handler, Dummy) and handler.params is params
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    ("backend", "conf"),
+    [("c10d", {}), ("etcd-v2", {}), ("etcd", {"last_call_timeout": 1}), ("static", {"rank": 0})],
+)
+def test_get_rendezvous_handler_with_params_alone_works_for_every_builtin_backend(
+    backend: str, conf: dict[str, Any]
+) -> None:
+    with contextlib.ExitStack() as stack:
+        endpoint = "localhost:0"
+        if backend.startswith("etcd"):  # torch's etcd backends connect to the endpoint's etcd
+            from tests.etcd_servers import EtcdCluster, etcd_binary
+
+            cluster = stack.enter_context(EtcdCluster(etcd_binary("distro")))
+            endpoint = cluster.endpoints[0]
+        params = RendezvousParameters(backend, endpoint, f"alone-{backend}", 1, 1, **conf)
+        h = get_rendezvous_handler(params)
+        assert h.get_backend() == backend
+        info = h.next_rendezvous()
+        assert (info.rank, info.world_size) == (0, 1)
+        info.store.set("k", b"v")
+        assert info.store.get("k") == b"v"
+        h.shutdown()

@@ -142,10 +142,37 @@ def test_function_arguments_must_be_json_nothing_is_pickled(tmp_path: Path) -> N
 
 
 def test_args_and_envs_must_name_the_same_local_ranks(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"local ranks 0\.\.1"):
+    # torch's _validate_full_rank: a RuntimeError naming the mapping
+    with pytest.raises(RuntimeError, match="envs, local rank mapping mismatch"):
         start_processes(
             "bad", "/bin/true", {0: (), 1: ()}, {0: {}}, DefaultLogsSpecs(str(tmp_path))
         )
+
+
+def test_options_elastic_lacks_are_refused_not_ignored(tmp_path: Path) -> None:
+    for kw in (
+        {"duplicate_stdout_filters": ["loss"]},
+        {"duplicate_stderr_filters": ["err"]},
+        {"numa_options": object()},
+    ):
+        with pytest.raises(ValueError, match="is not supported by elastic"):
+            start_processes(
+                "x", "/bin/true", {0: ()}, envs(1), DefaultLogsSpecs(str(tmp_path)), **kw
+            )
+
+
+def test_forkserver_starts_fresh_interpreters_like_spawn(tmp_path: Path) -> None:
+    pc = start_processes(
+        "fs",
+        echo_twice,
+        {0: ("fs", 0)},
+        envs(1),
+        DefaultLogsSpecs(str(tmp_path)),
+        start_method="forkserver",
+    )
+    result = pc.wait()
+    pc.close()
+    assert result is not None and result.return_values == {0: "fs0"}
 
 
 def test_envs_reach_the_processes_on_top_of_ours(tmp_path: Path) -> None:

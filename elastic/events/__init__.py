@@ -53,6 +53,7 @@ __all__ = [
     "EventSource",
     "ListSink",
     "NodeState",
+    "NullSink",
     "RdzvEvent",
     "StreamSink",
     "TeeSink",
@@ -164,6 +165,14 @@ class ListSink:
 
     def __len__(self) -> int:
         return len(self.events)
+
+
+class NullSink:
+    """Drops every event: the agent's sink when none is given (a list would grow with
+    every restart of a long-running job)."""
+
+    def emit(self, event: AgentEvent) -> None:
+        pass
 
 
 class StreamSink:

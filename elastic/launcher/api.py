@@ -341,6 +341,7 @@ async def _run_on_store(
             signals_to_handle=config.signals_to_handle,
             node=node_id,
             reaper=reaper,
+            preload=config.preload,
         )
         from elastic.agent.server.local_elastic_agent import SignalException
 

@@ -76,11 +76,14 @@ class PContext:
     ) -> None:
         self.name = name
         nprocs = len(args)
-        if set(args) != set(range(nprocs)) or set(envs) != set(args):
-            raise ValueError(
-                f"args and envs must both have the local ranks 0..{nprocs - 1} as keys "
-                f"(args: {sorted(args)}, envs: {sorted(envs)})"
-            )
+        for what, d in (("args", args), ("envs", envs)):
+            if set(d) != set(range(nprocs)):  # torch's _validate_full_rank
+                raise RuntimeError(
+                    f"{what}, local rank mapping mismatch, expected: {set(range(nprocs))}, "
+                    f"actual: {set(d)}"
+                )
+        if start_method not in ("spawn", "fork", "forkserver"):
+            raise ValueError(f"start_method {start_method!r} is not one of spawn, fork, forkserver")
         self.entrypoint = entrypoint
         self.args = args
         self.envs = envs
@@ -120,7 +123,8 @@ class PContext:
         workers = _Workers(
             self.logs_specs,
             role=self.name,
-            start_method=self._start_method,
+            # every worker is a fresh interpreter (exec): forkserver's isolation is spawn's
+            start_method="spawn" if self._start_method == "forkserver" else self._start_method,
             subreaper=False,
             reaper=False,
             prefixes=prefixes,
@@ -242,14 +246,26 @@ def start_processes(
     logs_specs: LogsSpecs,
     log_line_prefixes: dict[int, str] | None = None,
     start_method: str = "spawn",
+    numa_options: Any = None,
+    duplicate_stdout_filters: list[str] | None = None,
+    duplicate_stderr_filters: list[str] | None = None,
 ) -> PContext:
     """Start ``len(args)`` copies of ``entrypoint``; return the started :class:`PContext`.
 
     torch's signature.  A ``str`` entrypoint is a binary (``args`` are its arguments);
     a function is started by its importable name with JSON ``args`` (see the module
     docstring).  ``envs[r]`` is added to this process's environment for local rank
-    ``r``; ``logs_specs`` decides where output and error files go.
+    ``r``; ``logs_specs`` decides where output and error files go.  ``numa_options`` and
+    the ``duplicate_*_filters`` are not supported here: given, they are refused with a
+    ``ValueError`` rather than ignored.
     """
+    for what, value in (
+        ("numa_options", numa_options),
+        ("duplicate_stdout_filters", duplicate_stdout_filters),
+        ("duplicate_stderr_filters", duplicate_stderr_filters),
+    ):
+        if value:
+            raise ValueError(f"start_processes: {what}={value!r} is not supported by elastic")
     cls: type[PContext] = SubprocessContext if isinstance(entrypoint, str) else MultiprocessContext
     context = cls(name, entrypoint, args, envs, logs_specs, log_line_prefixes, start_method)
     try:

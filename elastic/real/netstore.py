@@ -24,17 +24,21 @@ connection is closed.  The token is never logged.
 What a bad peer costs the server: only its own connection.  Malformed, truncated or
 oversized frames, a failed handshake, a reader too slow to drain its replies (the write
 buffer is bounded) and a silent peer (idle timeout; good clients ping) each end that
-connection and nothing else.
+connection and nothing else.  Memory is bounded too: before authentication a frame may
+hold 4 KiB; incomplete frames of all connections together hold at most ``max_buffered``
+bytes; connections, waits and leases per connection are capped.
 
 The client rides out a store host that is briefly unreachable: it reconnects with
 back-off for at most ``read_timeout`` seconds, then raises a :class:`StoreError` naming
 ``host:port``.  Idempotent operations are re-sent on the new connection (a blocking one
 with what is left of its timeout); ``add`` and ``compare_set`` are not: if the connection
 broke before their reply, they raise :class:`StoreError` saying the outcome is unknown.
-A watch resumes from its revision; if the server came back with fresh data (another
-*instance*), the watch returns at once with the new revision and the caller re-reads, as
-after an etcd compaction.  Leases are renewed on the new connection if the server still
-has them, and are dead otherwise.
+(A resent ``delete`` whose first attempt did apply returns False: the key is gone either
+way.)  ``grant_lease`` is resent too: a lease granted by a lost attempt has no keys and
+is never renewed, so it expires unseen.  A watch resumes from its revision; if the
+server came back with fresh data (another *instance*), the watch returns at once with
+the new revision and the caller re-reads, as after an etcd compaction.  Leases are
+renewed on the new connection if the server still has them, and are dead otherwise.
 """
 
 from __future__ import annotations
@@ -98,6 +102,19 @@ class HostedStore:
         self.store = MemoryStore(self.clock)
         self.instance = secrets.token_hex(8)
         self.leases: dict[int, _ServerLease] = {}
+        self._prune_at = 1024
+
+    def add(self, lease: _ServerLease) -> None:
+        """Track a granted lease; expired ones are dropped in amortised O(1) per grant."""
+        self.leases[lease.id] = lease
+        if len(self.leases) >= self._prune_at:
+            self.prune()
+            self._prune_at = max(1024, 2 * len(self.leases))
+
+    def prune(self) -> None:
+        """Forget leases that have expired (their keys are already gone)."""
+        for lease_id in [i for i, x in self.leases.items() if not x.alive()]:
+            del self.leases[lease_id]
 
     def lease(self, lease_id: int) -> _ServerLease:
         lease = self.leases.get(lease_id)
@@ -114,6 +131,10 @@ class _LeaseGone(StoreError):
     pass
 
 
+class _Limit(StoreError):
+    pass
+
+
 def _error_kind(e: BaseException) -> str:
     if isinstance(e, TimeoutError):
         return "timeout"
@@ -121,6 +142,8 @@ def _error_kind(e: BaseException) -> str:
         return "closed"
     if isinstance(e, _LeaseGone):
         return "lease"
+    if isinstance(e, _Limit):
+        return "limit"
     return "store"
 
 
@@ -135,8 +158,10 @@ class StoreServer:
         token: str | None = None,
         max_connections: int = 1024,
         max_watches_per_connection: int = 1024,
+        max_leases_per_connection: int = 1024,
         max_frame: int = MAX_FRAME,
         max_write_buffer: int = 2 * MAX_FRAME,
+        max_buffered: int = 8 * MAX_FRAME,
         handshake_timeout: float = 10.0,
         idle_timeout: float = 60.0,
         hosted: HostedStore | None = None,
@@ -146,8 +171,11 @@ class StoreServer:
         self._token = token
         self.max_connections = max_connections
         self.max_watches_per_connection = max_watches_per_connection
+        self.max_leases_per_connection = max_leases_per_connection
         self.max_frame = max_frame
         self.max_write_buffer = max_write_buffer
+        self.max_buffered = max_buffered
+        self.buffered = 0  # bytes of incomplete frames held, all connections together
         self.handshake_timeout = handshake_timeout
         self.idle_timeout = idle_timeout
         self.hosted = hosted or HostedStore()
@@ -260,6 +288,7 @@ class _ServerConn:
         self.owned: set[int] = set()
         self.started = self.last_rx = 0.0
         self.timer: asyncio.TimerHandle | None = None
+        self.held = 0  # this connection's share of server.buffered
 
     # -- writing ----------------------------------------------------------------------
     def send(self, frame: bytes) -> None:
@@ -301,7 +330,20 @@ class _ServerConn:
                 return
             self.last_rx = loop.time()
             try:
-                for body in self.decoder.feed(data):
+                frames = self.decoder.feed(data)
+                held = self.decoder.buffered
+                self.server.buffered += held - self.held
+                self.held = held
+                if held and self.server.buffered > self.server.max_buffered:
+                    # many peers each sending most of a large frame: refuse the one that
+                    # pushed the total over, so memory stays bounded whatever they do
+                    self.fail(
+                        "limit",
+                        f"the store holds {self.server.buffered} bytes of incomplete frames "
+                        f"(max_buffered {self.server.max_buffered}); send whole frames",
+                    )
+                    return
+                for body in frames:
                     req = decode_request(body, self.decoder.max_frame)
                     if not self.authed and not self.handshake(req):
                         return
@@ -425,9 +467,18 @@ class _ServerConn:
             rev, data = await store.snapshot(a[0])
             return [rev, data]
         if op == "grant_lease":
+            if len(self.owned) >= self.server.max_leases_per_connection:
+                self.owned = {i for i in self.owned if i in hosted.leases}
+                hosted.prune()
+                if len(self.owned) >= self.server.max_leases_per_connection:
+                    raise _Limit(
+                        f"grant_lease: this connection holds "
+                        f"{self.server.max_leases_per_connection} leases "
+                        "(max_leases_per_connection); revoke some first"
+                    )
             lease = cast(_ServerLease, await store.grant_lease(a[0]))
             lease.abandon()  # the expiry timer runs from now; keepalives push it back
-            hosted.leases[lease.id] = lease
+            hosted.add(lease)
             self.owned.add(lease.id)
             return lease.id
         if op == "keepalive":
@@ -456,6 +507,8 @@ class _ServerConn:
     def teardown(self) -> None:
         """The connection is gone: stop its waits; its leases expire ``ttl`` from now."""
         self.dead = True
+        self.server.buffered -= self.held
+        self.held = 0
         if self.timer is not None:
             self.timer.cancel()
         for task in self.pending.values():
@@ -596,6 +649,8 @@ def _raise_for(kind: str, message: str) -> None:
         raise TimeoutError(message)
     if kind == "closed":
         raise StoreClosedError(message)
+    if kind == "lease":
+        raise _LeaseGone(message)
     raise StoreError(message)
 
 
@@ -652,11 +707,11 @@ class NetLease(Lease):
             await self._client._request("keepalive", lambda: (self.id,), retry=True)
         except StoreClosedError:
             return
-        except StoreError as e:
-            if "unknown to this store" in str(e):
-                self._expired()
-            else:
-                logger.debug("renewing lease %d failed: %s", self.id, e)
+        except _LeaseGone:
+            self._expired()
+            return
+        except StoreError as e:  # unreachable for now: the next renewal tries again
+            logger.debug("renewing lease %d failed: %s", self.id, e)
             return
         self._renewed_at = self._client._clock.now()
 
@@ -856,7 +911,9 @@ class NetStoreClient:
         lost_since: float | None = None
         backoff = 0.02
         while True:
-            link = await self._ensure_link(self.read_timeout)
+            link = self._link  # the common case costs no extra coroutine
+            if link is None or link.lost:
+                link = await self._ensure_link(self.read_timeout)
             if instance and link.instance != instance:
                 raise _NewInstance(link.revision)
             try:
@@ -899,7 +956,12 @@ class NetStoreClient:
     async def set(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
         v = _bytes(key, value)
         lid = self._lease_id(lease)
-        await self._request("set", lambda: (key, v, lid), retry=True)
+        try:
+            await self._request("set", lambda: (key, v, lid), retry=True)
+        except _LeaseGone:
+            if isinstance(lease, NetLease):
+                lease._expired()
+            raise
 
     def _lease_id(self, lease: Lease | None) -> int | None:
         if lease is None:
@@ -945,7 +1007,9 @@ class NetStoreClient:
     async def grant_lease(self, ttl: float) -> Lease:
         if not ttl > 0:
             raise StoreError(f"lease ttl must be positive, got {ttl!r}")
-        lease_id = cast(int, await self._request("grant_lease", lambda: (ttl,), retry=False))
+        # Safe to resend: a lease granted by a lost attempt has no keys and no renewals, so
+        # the server expires it ttl later and nobody sees it.
+        lease_id = cast(int, await self._request("grant_lease", lambda: (ttl,), retry=True))
         lease = NetLease(self, lease_id, ttl, self._instance)
         self._leases[lease_id] = lease
         lease._task = asyncio.get_running_loop().create_task(lease._renew_forever())

@@ -278,6 +278,7 @@ def tree_handles(
     *,
     exclude: Collection[int] = (),
     orphans_since: int | None = None,
+    zombies: list[int] | None = None,
 ) -> dict[int, ProcHandle]:
     """Handles on every live descendant of ``roots`` and every process carrying ``marker``.
 
@@ -292,7 +293,11 @@ def tree_handles(
     caller's own children stay in it; a worker's descendants are in the worker's group or
     their own), carrying no marker but ``marker`` — and its descendants.  This is how a
     double-forked daemon started with ``env={}`` (no marker) is found while the agent
-    lives, at no extra scan.
+    lives, at no extra scan.  ``zombies`` (with ``orphans_since``): gets the pids of such
+    orphans that are zombies — a worker's child that exited while the worker lived and
+    was re-parented to the caller when the worker died — for the caller to reap
+    (``exclude`` must hold every worker pid of the caller's, whose exits are read
+    elsewhere).
     """
     roots = set(roots)
     me = os.getpid()
@@ -316,6 +321,16 @@ def tree_handles(
         ppid, state, start, pgid = st
         children.setdefault(ppid, []).append(pid)
         if state == "Z" or pid in skip:
+            if (
+                zombies is not None
+                and state == "Z"
+                and orphans_since is not None
+                and ppid == me
+                and start >= orphans_since
+                and pgid != my_pgid
+                and pid not in skip
+            ):
+                zombies.append(pid)
             continue
         seen[pid] = start
         if (

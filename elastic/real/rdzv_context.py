@@ -6,36 +6,40 @@ take no ports; in real mode this module supplies them: one process-wide
 ``sync_runner``, so torch's blocking calls work from any thread), an
 :class:`~elastic.real.clock.AsyncioClock`, and the store.
 
-Stores: an endpoint on this host (``localhost``, ``127.0.0.1``, this host's names, or
-no endpoint) is served by one in-process :class:`~elastic.memstore.MemoryStore` per
-(backend, endpoint), shared by every handler of this process — a single-node job.  A
-network store (another host, or etcd) is the launcher's to build; this module refuses
-it in one line rather than pretending.
+Stores: a one-node job (``max_nodes == 1``, ``c10d`` or ``static``, an endpoint on
+this host) is served by one in-process :class:`~elastic.memstore.MemoryStore` per
+(backend, endpoint), shared by every handler of this process.  Anything else gets the
+store ``elastic run`` would open (:func:`elastic.real.rdzv_store.open_rendezvous_store`:
+the agent-hosted network store for ``c10d``/``static``, hosted by this process when the
+endpoint names this machine and its port is free; etcd for ``etcd``/``etcd-v2``), opened
+on the shared loop once per (backend, endpoint) and kept for the life of the process.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import socket
 import threading
 
+from elastic.errors import StoreError
 from elastic.memstore import MemoryStore
 from elastic.real.clock import AsyncioClock
 from elastic.real.loop_thread import LoopThread
+from elastic.real.rdzv_store import matches_this_machine
 from elastic.rendezvous.api import (
     RendezvousConnectionError,
     RendezvousContext,
     RendezvousParameters,
 )
 from elastic.rendezvous.utils import parse_rendezvous_endpoint
+from elastic.store import Store
 
 __all__ = ["default_context", "node_id", "shared_loop"]
 
 _DEFAULT_PORTS = {"etcd": 2379, "etcd-v2": 2379}
 _lock = threading.Lock()
 _loop: LoopThread | None = None
-_stores: dict[tuple[str, str, int], MemoryStore] = {}
+_stores: dict[tuple[str, str, int], Store] = {}
 _local_ids = itertools.count()
 
 
@@ -53,18 +57,6 @@ def node_id(addr: str) -> str:
     return f"{addr}_{os.getpid()}_{next(_local_ids)}"
 
 
-def _is_local(host: str) -> bool:
-    if host in ("", "localhost", "127.0.0.1", "::1", "0.0.0.0"):
-        return True
-    names = {socket.gethostname(), socket.getfqdn()}
-    if host in names:
-        return True
-    try:
-        return socket.gethostbyname(host).startswith("127.")
-    except OSError:
-        return False
-
-
 def default_context(params: RendezvousParameters) -> RendezvousContext:
     """Clock, store, node identity and sync runner for ``params``, in real mode."""
     from elastic.launcher.api import fqdn, free_port
@@ -72,20 +64,34 @@ def default_context(params: RendezvousParameters) -> RendezvousContext:
     host, port = parse_rendezvous_endpoint(
         params.endpoint, default_port=_DEFAULT_PORTS.get(params.backend, 29400)
     )
-    if not _is_local(host):
-        raise RendezvousConnectionError(
-            f"The rendezvous endpoint '{params.endpoint}' is on another host; "
-            "get_rendezvous_handler(params) without ports serves single-node endpoints "
-            "only here: launch with `elastic run` (it builds the network store) or pass "
-            "store=, clock= and node= to get_rendezvous_handler."
-        )
     loop = shared_loop()
     clock = AsyncioClock()
+    in_process = (
+        params.max_nodes <= 1
+        and params.backend in ("c10d", "static")
+        and (host in ("", "0.0.0.0") or matches_this_machine(host))
+    )
     with _lock:
         key = (params.backend, host, port)
         store = _stores.get(key)
-        if store is None:
+        if store is None and in_process:
             store = _stores[key] = MemoryStore(clock)
+    if store is None:
+        from elastic.real.rdzv_store import open_rendezvous_store
+
+        try:
+            opened = loop.run(
+                open_rendezvous_store(
+                    params.backend, params.endpoint, params.max_nodes, params.config, clock
+                )
+            )
+        except (OSError, TimeoutError, StoreError) as e:
+            raise RendezvousConnectionError(
+                f"The rendezvous store at '{params.endpoint}' ({params.backend}) cannot be "
+                f"reached: {e}"
+            ) from None
+        with _lock:
+            store = _stores.setdefault(key, opened.store)
     addr = params.local_addr or fqdn()
     return RendezvousContext(
         store=store,

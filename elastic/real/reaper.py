@@ -22,23 +22,31 @@ Three mechanisms, each covering what the one before cannot:
 3. **While the agent lives** — the agent is a child subreaper
    (``PR_SET_CHILD_SUBREAPER``), so a descendant whose parent died stays in the agent's
    process tree and ``stop()`` finds it by parentage as well as by the marker
-   (:mod:`elastic.real.proctree`).
+   (:mod:`elastic.real.proctree`) — including an orphan re-parented to the agent
+   itself, such as a double-forked daemon started with ``env={}``
+   (``tree_handles(orphans_since=...)``), at every restart and at shutdown.
 
 The sidecar runs in its own session (Ctrl-C in the terminal reaches the agent, which
 stops its workers, not the sidecar, which must outlive the agent) and ignores SIGINT,
 SIGHUP and SIGTERM (only SIGKILL ends it early).  It holds no marker itself: the agent
 sends its marker over the pipe (NUL-terminated fields ``m``, name, value, ``exact`` or
-``prefix``) before it spawns the first process that carries it.  On a clean shutdown the
-agent writes ``q`` and the sidecar exits without scanning.  When the agent dies, what it
+``prefix``) before it spawns the first process that carries it, and each group's private
+directory (``d``, path: only ``elastic_workers_*`` directories, the last 64) to remove if
+the agent dies.  On a clean shutdown the agent writes ``q`` and the sidecar exits without
+scanning.  An agent that fails (an exception of its own, or a stop that did not finish)
+writes ``k`` instead: the sidecar sweeps every marked process and removes the
+directories at once, then exits.  When the agent dies, what it
 wrote is still in the pipe: the sidecar drains it before deciding, so a marker sent an
 instant before the agent was killed is used, and a ``q`` is honoured.  A race closed at
 start-up: if the agent died before the sidecar opened its pidfd, ``getppid()`` is no
 longer the agent, and the sidecar decides at once from what the pipe holds.
 
 What it cannot catch: a descendant that dropped the marker (started with a scrubbed
-environment) *and* left the worker's process group and session; processes of another
-user.  The agent's ``stop()`` still finds such a process by parentage while the agent
-lives.
+environment) *and* left the worker's process group and session, once the agent is
+SIGKILLed (it is then re-parented away, and nothing tells it from any other process);
+processes of another user.  While the agent lives, its ``stop()`` finds such a process by
+parentage at every restart and at shutdown, so after a SIGKILL only those started during
+the last attempt can remain.
 
 This file runs as ``python -I -S reaper.py <agent_pid>``: standard library only, and
 few modules of it (``os``, ``sys``, ``select``, ``_signal``), so the sidecar is up in

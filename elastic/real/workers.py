@@ -44,9 +44,15 @@ go through a pipe: the loop reads it when readable and a
 redirected nor filtered out are the agent's own stdout/stderr, as in torch.
 
 Stopping and orphans.  ``stop(grace, sig)`` signals each live worker's process group and
-every descendant found by parentage or marker (:mod:`elastic.real.proctree`), waits —
-on pidfds, not by polling — up to ``grace`` for all of them, then SIGKILLs and rescans
-until nothing is left.  If the agent itself dies, the workers die by their death signal
+every descendant found by parentage or marker (:mod:`elastic.real.proctree`), and every
+orphan re-parented to the agent since its first start (the agent is a child subreaper:
+a double-forked daemon started with ``env={}`` carries no marker but lands there), waits
+— on pidfds, not by polling — up to ``grace`` for all of them, then SIGKILLs and rescans
+until nothing is left.  Every victim's pidfd is closed and every victim that was the
+agent's child reaped as soon as it is gone, and zombie orphans found by a scan are
+reaped: fds and zombies stay flat over restarts (tests/test_soak.py).  If the agent
+fails (``aclose(sweep=True)``, or a stop that raised) the sidecar sweeps every marked
+process before it leaves.  If the agent itself dies, the workers die by their death signal
 and their descendants by the reaper sidecar (:mod:`elastic.real.reaper`); the agent is a
 child subreaper so orphans stay in its tree while it lives.  ``elastic run`` starts the
 sidecar first thing (on the CPU its own start-up leaves idle) and hands it over; it
@@ -76,7 +82,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from string import Template
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from elastic._records import Record
 from elastic.errors import ConfigError, ElasticError
@@ -87,6 +93,9 @@ from elastic.multiprocessing.tail import TeeSink, default_header
 from elastic.real import _fn_runner, proctree
 from elastic.real.reaper import ReaperSidecar
 from elastic.workers import ExitCause, WorkerExit, WorkerLaunch
+
+if TYPE_CHECKING:
+    from elastic.real.zygote import Zygote
 
 try:  # the C start path; absent when the extension could not be built
     from elastic.real import _spawn as _cspawn
@@ -283,6 +292,7 @@ class ProcessGroup:
                 return  # spurious wake-up: not exited yet
             code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
         now = time.monotonic()
+        _WORKER_PIDS.discard(w.pid)
         self._loop.remove_reader(w.handle.fd)
         w.handle.exited = True
         for fd in w.tee_fds:
@@ -345,16 +355,19 @@ class ProcessGroup:
         self._adopt_scheduled = False
         me = os.getpid()
         worker_pids = {w.pid for w in self._workers.values()}
+        zombies: list[int] = []
         found = (
             proctree.tree_handles(
                 (),
                 self.marker,
-                exclude=worker_pids | self._adopted.keys() | ReaperSidecar.live_pids,
+                exclude=worker_pids | self._adopted.keys() | _excluded(),
                 orphans_since=self._orphans_since,
+                zombies=zombies,
             )
             if scan
             else {}
         )
+        _reap_zombies(zombies)
         for pid, h in found.items():
             try:
                 st = proctree.proc_stat(pid)
@@ -422,12 +435,16 @@ class ProcessGroup:
 
     def _tree(self, known: Mapping[int, proctree.ProcHandle]) -> dict[int, proctree.ProcHandle]:
         worker_pids = {w.pid for w in self._workers.values()}
-        return proctree.tree_handles(
+        zombies: list[int] = []
+        found = proctree.tree_handles(
             [w.pid for w in self._live()],
             self.marker,
-            exclude=worker_pids | set(known) | ReaperSidecar.live_pids,
+            exclude=worker_pids | set(known) | _excluded(),
             orphans_since=self._orphans_since,
+            zombies=zombies,
         )
+        _reap_zombies(zombies)
+        return found
 
     def _send_all(self, sig: int, victims: Mapping[int, proctree.ProcHandle]) -> None:
         for w in self._live():
@@ -526,6 +543,23 @@ class ProcessGroup:
         shutil.rmtree(self._private_dir, ignore_errors=True)
 
 
+#: Worker pids of every ProcessWorkers of this process not yet reaped: their exits are
+#: read by their group (several agents may share a process), never by an orphan sweep.
+_WORKER_PIDS: set[int] = set()
+
+
+def _excluded() -> set[int]:
+    """Children of this process that are never orphans: workers and reaper sidecars."""
+    return _WORKER_PIDS | ReaperSidecar.live_pids
+
+
+def _reap_zombies(pids: list[int]) -> None:
+    """Collect zombie orphans re-parented to the agent (each would stay a zombie)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
 def _read_result(path: str) -> tuple[Any, str | None]:
     """(value, None) or (None, why) from a function worker's JSON result file."""
     try:
@@ -600,6 +634,8 @@ class ProcessWorkers:
         self._became_subreaper = False
         self._orphans_since: int | None = None
         self._groups: list[ProcessGroup] = []  # started and not yet cleanly stopped
+        #: set by the agent for ``--preload`` (:mod:`elastic.real.zygote`)
+        self.zygote: Zygote | None = None
 
     @property
     def logs_specs(self) -> LogsSpecs:
@@ -648,7 +684,7 @@ class ProcessWorkers:
             found = proctree.tree_handles(
                 (),
                 self._agent_marker,
-                exclude=ReaperSidecar.live_pids,
+                exclude=_excluded(),
                 orphans_since=self._orphans_since,
             )
         except OSError as e:  # out of fds, say: the sidecar's sweep remains
@@ -852,10 +888,13 @@ class ProcessWorkers:
                 assert result_path is not None
                 pid = self._fork(fork_fn, args, env, dups, result_path)
             else:
-                pid = _spawn(argv, env, dups)
+                # --preload: forked from the zygote when it can (None: start cold)
+                zygote_pid = self.zygote.spawn(argv, env, dups) if self.zygote else None
+                pid = _spawn(argv, env, dups) if zygote_pid is None else zygote_pid
         finally:
             for fd in to_close:
                 os.close(fd)
+        _WORKER_PIDS.add(pid)
         handle = proctree.ProcHandle.open(pid)
         if handle is None:  # cannot happen for an unreaped child; keep mypy and us honest
             raise ElasticError(f"worker pid {pid} vanished before it could be watched")

@@ -181,20 +181,23 @@ class SyncStore:
     Every call runs the port's coroutine with ``runner`` (a
     :meth:`~elastic.real.loop_thread.LoopThread.run`) and blocks until it is done;
     values may be given as ``str`` or ``bytes`` and are returned as ``bytes``.
-    ``port`` is the asynchronous store underneath, for code on the loop.
+    ``port`` is the asynchronous store underneath, for code on the loop.  ``timeout``
+    bounds ``get``/``wait``/``multi_get`` as a torch store's timeout does (torch's
+    default, 300 s; ``TimeoutError`` after it).
     """
 
-    __slots__ = ("_run", "port")
+    __slots__ = ("_run", "port", "timeout")
 
-    def __init__(self, port: Store, runner: SyncRunner) -> None:
+    def __init__(self, port: Store, runner: SyncRunner, timeout: float | None = 300.0) -> None:
         self.port = port
         self._run = runner
+        self.timeout = timeout
 
     def set(self, key: str, value: str | bytes) -> None:
         self._run(self.port.set(key, _as_bytes(value, "value")))
 
     def get(self, key: str) -> bytes:
-        value: bytes = self._run(self.port.get(key, None))
+        value: bytes = self._run(self.port.get(key, self.timeout))
         return value
 
     def add(self, key: str, value: int) -> int:
@@ -220,7 +223,8 @@ class SyncStore:
         return result
 
     def wait(self, keys: Sequence[str], timeout: timedelta | float | None = None) -> None:
-        self._run(self.port.wait(list(keys), _seconds(timeout)))
+        seconds = self.timeout if timeout is None else _seconds(timeout)
+        self._run(self.port.wait(list(keys), seconds))
 
     def check(self, keys: Sequence[str]) -> bool:
         async def present() -> bool:
@@ -233,7 +237,7 @@ class SyncStore:
         return ok
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes]:
-        values: list[bytes] = self._run(self.port.multi_get(list(keys), None))
+        values: list[bytes] = self._run(self.port.multi_get(list(keys), self.timeout))
         return values
 
     def multi_set(self, keys: Sequence[str], values: Sequence[str | bytes]) -> None:
@@ -539,6 +543,17 @@ class RendezvousHandler(ABC):
             if await self.num_nodes_waiting_async() > 0:
                 return "nodes_waiting"
             await clock.sleep(self._watch_interval)
+
+    async def watch_members_async(self) -> str:
+        """Wait until a member of the current round is lost or the round ends; return why.
+
+        What the agent awaits beside the rank exchange of a round just formed: unlike
+        :meth:`watch_async`, late arrivals (``"nodes_waiting"``) do not end it, so the
+        exchange finishes and the round runs first.  A handler that cannot tell them apart
+        keeps this default, which is :meth:`watch_async` itself (a late arrival then ends
+        the round before it runs).
+        """
+        return await self.watch_async()
 
     async def is_closed_async(self) -> bool:
         """Whether the rendezvous has been closed."""

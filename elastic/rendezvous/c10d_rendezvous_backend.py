@@ -23,25 +23,31 @@ from elastic.rendezvous.api import (
 from elastic.rendezvous.backend_store import RendezvousBackend, Token
 from elastic.store import Store
 
-__all__ = ["DEFAULT_PORT", "C10dRendezvousBackend", "create_backend"]
+__all__ = ["DEFAULT_PORT", "C10dRendezvousBackend", "KeyBackend", "create_backend"]
 
 DEFAULT_PORT = 29400
 T = TypeVar("T")
 
 
-class C10dRendezvousBackend(RendezvousBackend):
-    """Represents a C10d-backed rendezvous backend.
+class KeyBackend(RendezvousBackend):
+    """The rendezvous state as base64 in one key of a store port (torch's c10d and etcd
+    backends differ only in the key, the name and the words of a connection error).
 
-    Args:
-        store: the store (the store port, or a :class:`SyncStore` over it) to keep the
-            state in.
-        run_id: the run id of the rendezvous.
-        sync_runner: runs the store's coroutines for torch's blocking ``get_state`` /
-            ``set_state`` (taken from a :class:`SyncStore` when one is given).
+    ``store`` is the store port or a :class:`SyncStore` over it; ``sync_runner`` runs the
+    store's coroutines for torch's blocking ``get_state``/``set_state`` (taken from a
+    :class:`SyncStore` when one is given).  The token is the stored bytes: a
+    ``compare_set`` on them is torch's fencing.
     """
 
+    _WHAT = "the store"
+
     def __init__(
-        self, store: Store | SyncStore, run_id: str, *, sync_runner: SyncRunner | None = None
+        self,
+        store: Store | SyncStore,
+        run_id: str,
+        key: str,
+        *,
+        sync_runner: SyncRunner | None = None,
     ) -> None:
         if not run_id:
             raise ValueError("The run id must be a non-empty string.")
@@ -49,20 +55,15 @@ class C10dRendezvousBackend(RendezvousBackend):
             sync_runner = sync_runner or store._run
             store = store.port
         self._store: Store = store
-        self._key = "torch.rendezvous." + run_id
+        self._key = key
         self.sync_runner = sync_runner
-
-    @property
-    def name(self) -> str:
-        """See base class."""
-        return "c10d"
 
     async def _call(self, op: Awaitable[T]) -> T:
         try:
             return await op
         except (StoreError, TimeoutError, OSError) as exc:
             raise RendezvousConnectionError(
-                "The connection to the C10d store has failed. See inner exception for details."
+                f"The connection to {self._WHAT} has failed. See inner exception for details."
             ) from exc
 
     async def get_state_async(self) -> tuple[bytes, Token] | None:
@@ -97,6 +98,30 @@ class C10dRendezvousBackend(RendezvousBackend):
             ) from exc
 
 
+class C10dRendezvousBackend(KeyBackend):
+    """Represents a C10d-backed rendezvous backend.
+
+    Args:
+        store: the store (the store port, or a :class:`SyncStore` over it) to keep the
+            state in.
+        run_id: the run id of the rendezvous.
+        sync_runner: runs the store's coroutines for torch's blocking ``get_state`` /
+            ``set_state`` (taken from a :class:`SyncStore` when one is given).
+    """
+
+    _WHAT = "the C10d store"
+
+    def __init__(
+        self, store: Store | SyncStore, run_id: str, *, sync_runner: SyncRunner | None = None
+    ) -> None:
+        super().__init__(store, run_id, "torch.rendezvous." + run_id, sync_runner=sync_runner)
+
+    @property
+    def name(self) -> str:
+        """See base class."""
+        return "c10d"
+
+
 def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend, Any]:
     """Create a new :class:`C10dRendezvousBackend` from the specified parameters.
 
@@ -123,5 +148,5 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
 
     ctx = default_context(params)
     assert ctx.sync_runner is not None
-    store = SyncStore(ctx.store, ctx.sync_runner)
+    store = SyncStore(ctx.store, ctx.sync_runner, timeout=float(read_timeout))
     return C10dRendezvousBackend(store, params.run_id), store

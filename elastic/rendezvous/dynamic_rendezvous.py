@@ -34,6 +34,13 @@ it writes ``ev/lost`` for the others.  Nothing polls; nothing is pickled; every 
 read is checked against its schema and a corrupt one raises
 :class:`RendezvousStateError` naming the key.
 
+A round may be decided with a member that has just died: its leased keys outlive it by
+the lease's time-to-live.  So while a member exchanges the round's master address (and
+while the agent exchanges ranks, :meth:`DynamicRendezvousHandler.watch_members_async`),
+it also runs the ring check above: when a member's lease expires, the round ends
+(``peer_lost``) and the survivors join the next one, instead of waiting for the dead
+member's address until their join timeout.
+
 Each round has its own store, ``elastic/rdzv/<run_id>/s/<r>/`` (a :class:`PrefixStore`),
 where rank 0 publishes MASTER_ADDR/MASTER_PORT.
 
@@ -53,12 +60,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from elastic._records import Frozen, set_fields
-from elastic.clock import Clock
+from elastic.clock import Clock, Task
 from elastic.errors import ConfigError
 from elastic.rendezvous._core import (
     CoreSettings,
@@ -81,9 +89,11 @@ from elastic.rendezvous.api import (
     SyncRunner,
     SyncStore,
 )
-from elastic.rendezvous.backend_store import BackendStore, RendezvousBackend, Token
 from elastic.rendezvous.prefix_store import PrefixStore
 from elastic.store import Lease, Store
+
+if TYPE_CHECKING:
+    from elastic.rendezvous.backend_store import RendezvousBackend, Token
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
@@ -99,6 +109,21 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_MASTER_PORT = 29500
+
+
+def __getattr__(name: str) -> Any:
+    """torch's ``RendezvousBackend`` and ``Token`` (defined in :mod:`.backend_store`).
+
+    Imported on first use: ``elastic run`` builds the store-port handler and never
+    needs them (they are off the launch's import path).
+    """
+    if name in ("RendezvousBackend", "Token"):
+        from elastic.rendezvous import backend_store
+
+        return getattr(backend_store, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 #: Values we read back are small; anything bigger is not ours.
 MAX_STATE_BYTES = 4 * 1024 * 1024
 _VERSION = 1
@@ -231,6 +256,12 @@ def _field(key: str, obj: dict[str, Any], name: str, kind: type) -> Any:
     return value
 
 
+def _unwrap(outcome: str | Exception) -> str:
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
 class _Corrupt(Exception):
     """Why a value is not a valid rendezvous value (the caller adds the key)."""
 
@@ -284,7 +315,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
     * a node is dead when its lease expires: ``lease_ttl`` seconds after it stopped
       renewing (default ``keep_alive_interval * keep_alive_max_attempt`` = 15 s, torch's
       dead-node threshold; the ``heartbeat_timeout`` config key sets it directly).
-      Members of a complete round learn of it from :meth:`watch_async` (``peer_lost``);
+      Members of a complete round learn of it from :meth:`watch_async` (``peer_lost``),
+      and members still exchanging the round's addresses or ranks end that round and
+      join the next one (a round is never held for a member whose lease expired);
     * nothing is written to the store while a round runs and nobody joins or dies.
     """
 
@@ -340,6 +373,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._round: int | None = None
         self._members = _Members([])
         self._redundant = False
+        self._round_watch: Task[str | Exception] | None = None
 
     @classmethod
     def from_backend(
@@ -403,6 +437,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             timedelta(seconds=keep_alive_interval),
             keep_alive_max_attempt,
         )
+        from elastic.rendezvous.backend_store import BackendStore
+
         handler = cls(
             node_id,
             local_addr or node_id,
@@ -454,6 +490,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._node,
             self._settings.run_id,
         )
+        self._drop_round_watch()
         await self._ensure_lease()
         while True:
             raw_state, st = await self._read_state()
@@ -473,20 +510,59 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if members is None:  # closed while we joined: re-read the state
                 continue
             if self._node in members:
-                return await self._finish(r, members, deadline)
+                info = await self._finish(r, members, deadline)
+                if info is None:  # a member died: this round is over, ask for the next
+                    continue
+                return info
             deadline = await self._park(r, members, deadline)
 
     async def watch_async(self) -> str:
         if self._round is None:
             raise RuntimeError("watch_async() needs a completed next_rendezvous_async() first")
-        r, members = self._round, self._members
+        if self._round_watch is not None:
+            # the round's ring check already runs (started when the round was decided)
+            return _unwrap(await self._round_watch.join())
+        return await self._watch_round(self._round, self._members, waiting_ends=True)
+
+    async def watch_members_async(self) -> str:
+        """Wait until a member of the current round is lost or the round ends; return why.
+
+        Late arrivals do not end this wait (they wait for the round to run first): it is
+        what a member awaits beside the round's rank exchange, so that a member whose lease
+        expires while the ranks are exchanged ends the round at once (``"peer_lost"``)
+        instead of stranding the others until their join timeout.
+        """
+        if self._round is None:
+            raise RuntimeError(
+                "watch_members_async() needs a completed next_rendezvous_async() first"
+            )
+        if self._round_watch is not None:
+            why = _unwrap(await self._round_watch.join())
+            if why != "nodes_waiting":
+                return why
+        return await self._watch_round(self._round, self._members, waiting_ends=False)
+
+    def _drop_round_watch(self) -> None:
+        task, self._round_watch = self._round_watch, None
+        if task is not None:
+            task.cancel()
+
+    async def _round_watch_body(self, r: int, members: _Members) -> str | Exception:
+        # An error is returned, not raised: whoever joins re-raises it, and a watch that
+        # nobody joins (the group failed first) leaves no unretrieved task error behind.
+        try:
+            return await self._watch_round(r, members, waiting_ends=True)
+        except Exception as e:
+            return e
+
+    async def _watch_round(self, r: int, members: _Members, *, waiting_ends: bool) -> str:
         i = members.rank[self._node]
         succ = members[(i + 1) % len(members)] if len(members) > 1 else None
         ev = self._rk(r, "ev/")
         while True:
             # Take the revision first: any change after it wakes the watch below.
             rev, events = await self._store.snapshot(ev)
-            waiting = any(k.startswith(ev + "w/") for k in events)
+            waiting = waiting_ends and any(k.startswith(ev + "w/") for k in events)
             lost = ev + "lost" in events
             _, st = await self._read_state()
             if st.closed:
@@ -533,6 +609,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     async def leave_async(self) -> None:
         """Leave without closing: revoke the lease so the others see this node gone now."""
+        self._drop_round_watch()
         if self._lease is not None:
             await self._lease.revoke()
             self._lease = None
@@ -657,7 +734,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             attempt = clock.now()
             last_call_end = attempt + self._core.last_call_timeout
 
-    async def _finish(self, r: int, members: _Members, deadline: float) -> RendezvousInfo:
+    async def _finish(self, r: int, members: _Members, deadline: float) -> RendezvousInfo | None:
+        """Exchange round ``r``'s master address; ``None`` if a member was lost meanwhile."""
         rank = members.rank[self._node]
         logger.info(
             "The node '%s' has joined round %s of the rendezvous '%s' as rank %s in a world "
@@ -676,13 +754,62 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 int(self._port_chooser()) if self._port_chooser else DEFAULT_MASTER_PORT
             )
         wait = max(deadline - self._clock.now(), self._ttl)
+        clock = self._clock
+        # Performance: the ring check of the round starts here and is the same task that
+        # watch_async() later joins, so guarding the exchanges costs no store operation
+        # beyond the watch the agent runs anyway (measured with bench/bench_sim.py).
+        self._drop_round_watch()
+        watch = self._round_watch = clock.spawn(
+            self._round_watch_body(r, members), name="rdzv-round-watch"
+        )
+        # Performance: most members find rank 0's address already published (rank 0 never
+        # waits): read it inline first, and race only a read that would block.
         try:
-            info = await RendezvousStoreInfo.build_async(rank, store, self._addr, port, wait)
+            return RendezvousInfo(
+                store,
+                rank,
+                len(members),
+                await RendezvousStoreInfo.build_async(rank, store, self._addr, port, 0.0),
+                round=r,
+            )
+        except TimeoutError:
+            pass
+        build = clock.spawn(
+            RendezvousStoreInfo.build_async(rank, store, self._addr, port, wait),
+            name="rdzv-master-addr",
+        )
+        # Rank 0 may be dead already (its lease outlived it while the round was decided):
+        # wait for its address only as long as every member is alive (see module doc).
+        lost: Task[str] | None = None
+        try:
+            idx, value = await clock.first(build, watch)
+            if idx == 1 and _unwrap(value) == "nodes_waiting":
+                # late arrivals wait for this round to run: keep guarding against deaths
+                lost = clock.spawn(
+                    self._watch_round(r, members, waiting_ends=False), name="rdzv-members"
+                )
+                idx, value = await clock.first(build, lost)
         except TimeoutError:
             raise RendezvousTimeoutError(
                 f"Rank 0 of round {r} of the rendezvous '{self.get_run_id()}' did not publish "
                 f"MASTER_ADDR/MASTER_PORT within {wait:g}s; it may have died."
             ) from None
+        finally:
+            build.cancel()
+            if lost is not None:
+                lost.cancel()
+        if idx == 1:
+            self._round_watch = None
+            logger.info(
+                "The node '%s' leaves round %s of the rendezvous '%s' before its ranks were "
+                "exchanged: %s.",
+                self._node,
+                r,
+                self._settings.run_id,
+                _unwrap(value),
+            )
+            return None
+        info: RendezvousStoreInfo = value
         return RendezvousInfo(store, rank, len(members), info, round=r)
 
     async def _park(self, r: int, members: tuple[str, ...], deadline: float) -> float:
@@ -759,8 +886,25 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
 
 def _get_timeout(params: RendezvousParameters, key: str) -> timedelta | None:
-    timeout = params.get_as_int(key + "_timeout")
-    return None if timeout is None else timedelta(seconds=timeout)
+    # seconds, fractions allowed (torch takes whole seconds only): ``elastic real
+    # --time-scale`` divides a scenario's timeouts, and a simulated 1.5 s last call
+    # must not be truncated to 1
+    value = params.get(key + "_timeout")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"The rendezvous configuration option '{key}_timeout' does not represent a "
+            "valid number of seconds."
+        ) from None
+    if not math.isfinite(seconds):
+        raise ValueError(
+            f"The rendezvous configuration option '{key}_timeout' does not represent a "
+            "valid number of seconds."
+        )
+    return timedelta(seconds=seconds)
 
 
 def _required_int(params: RendezvousParameters, key: str, default: int) -> int:

@@ -7,29 +7,21 @@ state is base64 of :class:`~elastic.rendezvous.backend_store.BackendStore`'s JSO
 
 from __future__ import annotations
 
-import binascii
-from base64 import b64decode, b64encode
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any
 
-from elastic.errors import StoreError
 from elastic.rendezvous.api import (
-    RendezvousConnectionError,
     RendezvousParameters,
-    RendezvousStateError,
     SyncRunner,
     SyncStore,
 )
-from elastic.rendezvous.backend_store import RendezvousBackend, Token
+from elastic.rendezvous.c10d_rendezvous_backend import KeyBackend
 from elastic.rendezvous.utils import parse_rendezvous_endpoint
 from elastic.store import Store
 
 __all__ = ["EtcdRendezvousBackend", "create_backend"]
 
-T = TypeVar("T")
 
-
-class EtcdRendezvousBackend(RendezvousBackend):
+class EtcdRendezvousBackend(KeyBackend):
     """Represents an etcd-based rendezvous backend.
 
     Args:
@@ -42,6 +34,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
     """
 
     _DEFAULT_TTL = 7200  # 2 hours
+    _WHAT = "etcd"
 
     def __init__(
         self,
@@ -52,58 +45,14 @@ class EtcdRendezvousBackend(RendezvousBackend):
         *,
         sync_runner: SyncRunner | None = None,
     ) -> None:
-        if not run_id:
-            raise ValueError("The run id must be a non-empty string.")
-        if isinstance(client, SyncStore):
-            sync_runner = sync_runner or client._run
-            client = client.port
-        self._client: Store = client
-        self._key = key_prefix + "/" + run_id if key_prefix else run_id
+        key = key_prefix + "/" + run_id if key_prefix else run_id
+        super().__init__(client, run_id, key, sync_runner=sync_runner)
         self._ttl = ttl if ttl and ttl > 0 else self._DEFAULT_TTL
-        self.sync_runner = sync_runner
 
     @property
     def name(self) -> str:
         """See base class."""
         return "etcd-v2"
-
-    async def _call(self, op: Awaitable[T]) -> T:
-        try:
-            return await op
-        except (StoreError, TimeoutError, OSError) as exc:
-            raise RendezvousConnectionError(
-                "The connection to etcd has failed. See inner exception for details."
-            ) from exc
-
-    async def get_state_async(self) -> tuple[bytes, Token] | None:
-        """See base class."""
-        raw = await self._call(self._client.try_get(self._key))
-        return None if raw is None else self._decode_state(raw)
-
-    async def set_state_async(
-        self, state: bytes, token: Token | None = None
-    ) -> tuple[bytes, Token, bool] | None:
-        """See base class."""
-        encoded = b64encode(state)
-        expected: bytes | None = None
-        if token:
-            if not isinstance(token, bytes):
-                result = await self.get_state_async()
-                return None if result is None else (*result, False)
-            expected = token
-        raw = await self._call(self._client.compare_set(self._key, expected, encoded))
-        if not raw:
-            return None
-        new_state, new_token = self._decode_state(raw)
-        return new_state, new_token, raw == encoded
-
-    def _decode_state(self, raw: bytes) -> tuple[bytes, Token]:
-        try:
-            return b64decode(raw, validate=True), bytes(raw)
-        except binascii.Error as exc:
-            raise RendezvousStateError(
-                "The state object is corrupt. See inner exception for details."
-            ) from exc
 
 
 def create_backend(params: RendezvousParameters) -> tuple[EtcdRendezvousBackend, Any]:
@@ -134,5 +83,7 @@ def create_backend(params: RendezvousParameters) -> tuple[EtcdRendezvousBackend,
         key_prefix="/torch/elastic/rendezvous",
         sync_runner=ctx.sync_runner,
     )
-    store = SyncStore(PrefixStore(ctx.store, "/torch/elastic/store/"), ctx.sync_runner)
+    store = SyncStore(
+        PrefixStore(ctx.store, "/torch/elastic/store/"), ctx.sync_runner, float(read_timeout)
+    )
     return backend, store

@@ -7,7 +7,7 @@ Theory of operation
 ``SimpleElasticAgent.run_async()`` is torch's ``_invoke_run`` made event-driven:
 
 1. rendezvous (``spec.rdzv_handler.next_rendezvous_async``) → assign ranks through the
-   round's store (:func:`elastic.agent.ranks.exchange_ranks`) → start workers through
+   round's store (:func:`elastic.agent.ranks.exchange_ranks_in_round`) → start workers through
    the workers port;
 2. wait for the **first** of: the group's outcome (a worker exit decides it — any
    failure → FAILED, all exits 0 → SUCCEEDED), a membership change
@@ -36,10 +36,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from elastic.agent.ranks import exchange_ranks
+from elastic.agent.ranks import exchange_ranks_in_round
 from elastic.clock import Cancelled, Clock, Task
 from elastic.errors import ElasticError
-from elastic.events import AgentEvent, EventSink, ListSink
+from elastic.events import AgentEvent, EventSink, NullSink
 from elastic.metrics import put_metric
 from elastic.rendezvous.api import (
     RendezvousClosedError,
@@ -305,7 +305,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._in_exit_barrier = False
         self._clock = clock
         self._workers_port = workers
-        self._events: EventSink = events if events is not None else ListSink()
+        self._events: EventSink = events if events is not None else NullSink()
         self._node = node
         self._health_watches = list(health_watches or [])
         self._pre_start_checks = list(pre_start_checks or [])
@@ -313,6 +313,8 @@ class SimpleElasticAgent(ElasticAgent):
         self._rank_exchange_timeout = rank_exchange_timeout
         self._group: RunningGroup | None = None
         self._seen_exits: dict[int, WorkerExit] = {}  # local rank -> exit, this group's
+        # the current round's rdzv_handler.watch_async(), started before the rank exchange
+        self._membership_watch: Task[str] | None = None
         self._attempt = 0
         self._rounds = 0
         self._round = 0
@@ -338,7 +340,7 @@ class SimpleElasticAgent(ElasticAgent):
 
     def detach_events(self) -> None:
         """Send no more events (the simulator's node died under this agent)."""
-        self._events = ListSink()
+        self._events = NullSink()
 
     def set_death_signal(self, sig: int) -> None:
         """The signal the workers get when the agent is told to stop (SIGTERM by default)."""
@@ -484,8 +486,10 @@ class SimpleElasticAgent(ElasticAgent):
         clock = self.clock
         tasks: list[Task[Any]] = [
             clock.spawn(self._group_outcome(wg, group), name="group-outcome"),
-            clock.spawn(wg.spec.rdzv_handler.watch_async(), name="membership-watch"),
+            self._membership_watch
+            or clock.spawn(wg.spec.rdzv_handler.watch_async(), name="membership-watch"),
         ]
+        self._membership_watch = None  # cancelled below with the others
         tasks += [
             clock.spawn(h.wait_unhealthy(wg), name=f"health-{i}")
             for i, h in enumerate(self._health_watches)
@@ -586,14 +590,23 @@ class SimpleElasticAgent(ElasticAgent):
 
     # -- rendezvous, ranks, start, stop ----------------------------------------------------
     async def _initialize_workers(self, wg: WorkerGroup) -> None:
-        while True:
-            await self._rendezvous(wg)
-            refusal = await self._pre_start_refusal()
-            if refusal is not None:
-                self._emit("agent.refused_start", reason=refusal)
-                raise WorkerStartRefused(refusal)
-            await self._start_workers(wg)
-            return
+        try:
+            while True:
+                await self._rendezvous(wg)
+                refusal = await self._pre_start_refusal()
+                if refusal is not None:
+                    self._emit("agent.refused_start", reason=refusal)
+                    raise WorkerStartRefused(refusal)
+                await self._start_workers(wg)
+                return
+        except BaseException:
+            self._drop_membership_watch()
+            raise
+
+    def _drop_membership_watch(self) -> None:
+        task, self._membership_watch = self._membership_watch, None
+        if task is not None:
+            task.cancel()
 
     async def _pre_start_refusal(self) -> str | None:
         for check in self._pre_start_checks:
@@ -618,19 +631,33 @@ class SimpleElasticAgent(ElasticAgent):
                 group_world_size=info.world_size,
             )
             t1 = clock.now()
+            # The round's membership watch starts now: it guards the rank exchange (a
+            # member whose lease expires meanwhile ends the round, so nobody waits for a
+            # dead member's role info) and is then the watch of the running group.
+            watch = clock.spawn(spec.rdzv_handler.watch_async(), name="membership-watch")
             try:
-                assignment = await exchange_ranks(
-                    info.store,
-                    info.rank,
-                    info.world_size,
+                assignment = await exchange_ranks_in_round(
+                    clock,
+                    spec.rdzv_handler,
+                    info,
                     spec.role,
                     spec.local_world_size,
                     timeout=self._rank_exchange_timeout,
+                    watch=watch,
                 )
-            except TimeoutError:
+            except BaseException as e:
+                watch.cancel()
+                if not isinstance(e, TimeoutError):
+                    raise
                 # a peer of this round vanished before the exchange finished: next round
                 self._emit("agent.membership_change", reason="rank_exchange_timeout")
                 continue
+            if isinstance(assignment, str):
+                watch.cancel()
+                self._emit("agent.membership_change", reason=assignment)
+                continue
+            self._drop_membership_watch()
+            self._membership_watch = watch
             break
         wg.store = info.store
         self._store = info.store

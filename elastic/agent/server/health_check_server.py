@@ -332,9 +332,14 @@ class _Handler(BaseHTTPRequestHandler):
                     "text/plain",
                     body,
                 )
+        except OSError as e:  # the client went away (or is too slow): nothing to answer
+            log.debug("health check: connection lost serving %s: %s", path, e)
         except Exception:
             log.exception("health check: handler failed for %s", path)
-            self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n", "text/plain", body)
+            with contextlib.suppress(OSError):
+                self._reply(
+                    HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n", "text/plain", body
+                )
 
     def _reply(
         self,

@@ -9,7 +9,8 @@ torch's log layout, tree kill, a reaper sidecar).  What it adds around the loop,
 set up once per :meth:`run_async` and torn down in its ``finally``:
 
 * **signals** — each signal named in ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (torchrun's
-  ``--signals-to-handle``; default ``SIGTERM,SIGINT,SIGHUP,SIGQUIT``) cancels the run;
+  ``--signals-to-handle``; default ``SIGTERM,SIGINT,SIGHUP,SIGQUIT``; ``SIGCHLD`` is
+  refused with a :class:`~elastic.errors.ConfigError`, unknown names skipped) cancels the run;
   the workers get the *same* signal, then SIGKILL after ``shutdown_timeout`` seconds,
   and :meth:`run_async` raises :class:`SignalException` — torchrun's semantics (the
   launcher exits 1).  Handlers go through the event loop (``add_signal_handler``), so
@@ -21,7 +22,9 @@ set up once per :meth:`run_async` and torn down in its ``finally``:
   ``TORCHELASTIC_TIMER_FILE`` and ``ELASTIC_PROGRESS_FILE`` when in use;
 * **file timers** — ``TORCHELASTIC_ENABLE_FILE_TIMER=1`` starts a
   :class:`~elastic.timer.FileTimerServer` on ``TORCHELASTIC_TIMER_FILE`` (generated if
-  unset).  It may signal only the pids of the running group (updated at every start).
+  unset; an existing file that is not a stale timer pipe of this user, or a path where
+  no pipe can be made, is refused in one line, exit 2, and never deleted).  It may
+  signal only the pids of the running group (updated at every start).
   A reaped worker is an ordinary worker failure: the group restarts if restarts
   remain.  Unlike torch, the agent never kills itself;
 * **hangs** — with ``hang_timeout``, each worker gets a progress pipe
@@ -31,8 +34,10 @@ set up once per :meth:`run_async` and torn down in its ``finally``:
 * **GPU health** — before every (re)start, :func:`elastic.gpu.check_node_health` when
   NVML is present and sees GPUs; an unhealthy GPU refuses the start.  Without NVML the
   CPU path runs and says so once;
-* **health endpoint** — ``TORCHELASTIC_HEALTH_CHECK_PORT`` serves ``/health`` and
-  ``/metrics`` (:mod:`elastic.agent.server.health_check_server`); ``/health`` is 503
+* **health endpoint** — ``TORCHELASTIC_HEALTH_CHECK_PORT`` (0..65535; a bad value or a
+  port in use is one logged line and the job runs without it) serves ``/health`` and
+  ``/metrics`` (:mod:`elastic.agent.server.health_check_server`, which bounds its
+  connections and request time); ``/health`` is 503
   once the last progress (:meth:`LocalElasticAgent.get_last_progress_time`) is older
   than 60 s, or ``ELASTIC_HEALTH_CHECK_TIMEOUT`` seconds.
 
@@ -45,13 +50,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from elastic.agent.server.api import (
@@ -171,6 +177,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         gpu_check: bool = True,
         node: int | str | None = None,
         reaper: bool | ReaperSidecar = True,
+        preload: Sequence[str] = (),
     ) -> None:
         from elastic.real.workers import ProcessWorkers
 
@@ -223,6 +230,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._loop: asyncio.AbstractEventLoop | None = None
         if spec.numa_options:
             logger.warning("--numa-binding is not supported yet; workers are not bound")
+        self._preload = list(preload)
 
     # -- torch's API -------------------------------------------------------------------
     @property
@@ -311,6 +319,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         failed = True  # until the run returns or stops by a signal: see _tear_down
         try:
             self._set_up()
+            self._start_zygote()
             result = await super().run_async(role)
             failed = False
             return result
@@ -368,14 +377,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     def _start_health_check_server(self) -> None:
         port = os.environ.get(TORCHELASTIC_HEALTH_CHECK_PORT)
         if self._health_check_server is None and port is not None:
-            try:
-                port_number = int(port)
-            except ValueError:
-                logger.error(
-                    "%s: got %r; expected a port number. Not serving /health",
-                    TORCHELASTIC_HEALTH_CHECK_PORT,
-                    port,
-                )
+            port_number = health_port(port)
+            if port_number is None:
                 return
             try:
                 from elastic.agent.server import health_check_server as hcs
@@ -384,13 +387,6 @@ class LocalElasticAgent(SimpleElasticAgent):
                 return
             timeout = _health_timeout()
             if timeout is None:
-                return
-            if not 0 <= port_number <= 65535:
-                logger.error(
-                    "%s: got %r; expected a port number 0..65535. Not serving /health",
-                    TORCHELASTIC_HEALTH_CHECK_PORT,
-                    port,
-                )
                 return
             server = hcs.create_healthcheck_server(
                 alive_callback=self.get_last_progress_time, port=port_number, timeout=timeout
@@ -406,7 +402,7 @@ class LocalElasticAgent(SimpleElasticAgent):
                 logger.error(
                     "%s: cannot serve /health on port %s: %s. Not serving /health",
                     TORCHELASTIC_HEALTH_CHECK_PORT,
-                    port,
+                    _shown(port),
                     getattr(e, "strerror", None) or e,
                 )
                 self._health_check_server = None
@@ -443,8 +439,28 @@ class LocalElasticAgent(SimpleElasticAgent):
             if self._private_dir is not None:
                 shutil.rmtree(self._private_dir, ignore_errors=True)
                 self._private_dir = None
+            if self._process_workers.zygote is not None:
+                self._process_workers.zygote.close()
         finally:
             await self._process_workers.aclose(sweep=sweep)
+
+    def _start_zygote(self) -> None:
+        """``--preload``: start the zygote now, so that its imports overlap the rendezvous."""
+        if not self._preload or self._process_workers.zygote is not None:
+            return
+        spec = self._worker_group.spec
+        if not isinstance(spec.entrypoint, str):
+            logger.warning("--preload: ignored for a function entrypoint")
+            return
+        from elastic.real.zygote import Zygote
+
+        env = {**os.environ, **self._extra_env}
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
+        )
+        zygote = Zygote(self._preload, spec.entrypoint, [str(a) for a in spec.args], env)
+        self._process_workers.zygote = zygote
+        zygote.start()
 
     # -- hooks of the loop ---------------------------------------------------------------
     def _emit(self, kind: str, rank: int | None = None, **fields: Any) -> None:
@@ -452,6 +468,11 @@ class LocalElasticAgent(SimpleElasticAgent):
         _log_event(self._worker_group.spec, kind, rank, fields)
 
     async def _start_workers(self, wg: WorkerGroup) -> None:
+        zygote = self._process_workers.zygote
+        if zygote is not None:
+            # it started with the run: a cold worker would import the same modules,
+            # later and once per worker
+            await zygote.ready()
         if self._progress_monitor is not None:
             self._progress_monitor.reset(range(wg.spec.local_world_size))
         await super()._start_workers(wg)
@@ -608,6 +629,31 @@ def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
+def _shown(raw: str | None) -> str:
+    """``raw`` for a log line: repr, at most 60 characters (an environment value may be
+    megabytes long)."""
+    text = repr(raw)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def health_port(raw: str) -> int | None:
+    """``TORCHELASTIC_HEALTH_CHECK_PORT`` as a port number 0..65535, or None (one line is
+    logged, naming the variable, the value and what was expected: the job then runs
+    without /health, as torch does for a bad value).  Accepts at most 100 characters."""
+    try:
+        number = int(raw) if len(raw) <= 100 else -1
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        logger.error(
+            "%s: got %s; expected a port number 0..65535. Not serving /health",
+            TORCHELASTIC_HEALTH_CHECK_PORT,
+            _shown(raw),
+        )
+        return None
+    return number
+
+
 def _health_timeout() -> float | None:
     """Seconds without progress before ``/health`` says 503 (torch: 60).
 
@@ -616,13 +662,14 @@ def _health_timeout() -> float | None:
     """
     raw = os.environ.get("ELASTIC_HEALTH_CHECK_TIMEOUT", "60")
     try:
-        value = float(raw)
+        value = float(raw) if len(raw) <= 100 else -1.0
     except ValueError:
         value = -1.0
-    if not value > 0:
+    if not 0 < value < math.inf:
         logger.error(
-            "ELASTIC_HEALTH_CHECK_TIMEOUT: got %r; expected seconds > 0. Not serving /health",
-            raw,
+            "ELASTIC_HEALTH_CHECK_TIMEOUT: got %s; expected seconds > 0 (finite). "
+            "Not serving /health",
+            _shown(raw),
         )
         return None
     return value

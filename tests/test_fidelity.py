@@ -1,0 +1,209 @@
+"""One scenario, both worlds: ``elastic real``, the model worker, calibration, ``elastic compare``.
+
+The real-process tests run scenarios at ``--time-scale 10`` (≈15 s each), have a
+time limit, and leave no process behind (the ``tag`` fixture: every process started
+inherits the test's tag).  Their tolerance is looser than the benchmark's
+(bench/bench_fidelity.py) because up to six test sessions share this machine's two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from elastic.errors import ConfigError
+from elastic.events import AgentEvent
+from elastic.real.model_worker import ConfigProblem, load_config
+from sim.calibration import Calibration, load_calibration, scenario_calibration
+from sim.compare import compare, fault_recoveries, within
+from sim.realrun import refusal
+from sim.run import simulate
+from sim.scenario import expand_faults, fault_rng, load_scenario, load_scenario_text
+from tests.test_run_cli import TAG, tag
+
+__all__ = ["tag"]  # the fixture, re-exported for pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "scenarios"
+
+SMALL = """
+name: small
+until: 1h
+cluster: {nodes: 2, nproc_per_node: 1}
+job: {steps: 60, step_time: 1s, startup_time: 10s, checkpoint_every: 20, checkpoint_time: 1s}
+rendezvous: {min_nodes: 2, max_nodes: 2, heartbeat_timeout: 5s, last_call_timeout: 1s}
+faults:
+  - {at: 30s, kind: %s}
+"""
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "elastic.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+# -- refusals and bad input ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "why"),
+    [
+        ("network_partition, nodes: [1], duration: 5s", "does not cut links"),
+        ("gpu_error, node: 1", "no GPU to fail"),
+    ],
+)
+def test_a_fault_real_mode_cannot_do_is_refused_with_the_reason(fault: str, why: str) -> None:
+    sc = load_scenario_text(SMALL % fault)
+    reason = refusal(sc, expand_faults(sc, fault_rng(0)))
+    assert reason is not None and why in reason
+
+
+def test_elastic_real_refuses_before_starting_anything(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text(SMALL % "network_partition, nodes: [1], duration: 5s")
+    from sim.realrun import main
+
+    r = _cli_main(main, [str(f), "--time-scale", "10"])
+    assert r == 2
+
+
+def _cli_main(main: object, argv: list[str]) -> int:
+    assert callable(main)
+    code = main(argv)
+    assert isinstance(code, int)
+    return code
+
+
+def test_static_backend_is_refused() -> None:
+    sc = load_scenario_text(
+        (SMALL % "node_leave, node: 1").replace("min_nodes", "backend: static, min_nodes")
+    )
+    reason = refusal(sc, [])
+    assert reason is not None and "rendezvous.backend" in reason
+
+
+def test_model_worker_config_is_checked_field_by_field(tmp_path: Path) -> None:
+    good = {"t0": 1.0, "time_scale": 10, "dir": "d", "events": "e", "steps": 5, "step_time": 1}
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(good))
+    assert load_config(str(p)).steps == 5
+    for key, bad in [("steps", 0), ("step_time", -1), ("time_scale", 0), ("steps", True)]:
+        p.write_text(json.dumps(good | {key: bad}))
+        with pytest.raises(ConfigProblem, match=key):
+            load_config(str(p))
+    p.write_text(json.dumps(good | {"faults": [{"kind": "node_crash", "at": 1, "node": 0}]}))
+    with pytest.raises(ConfigProblem, match="faults"):
+        load_config(str(p))
+
+
+def test_model_worker_without_config_says_so_in_one_line() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELASTIC_MODEL")}
+    r = subprocess.run(
+        [sys.executable, "-m", "elastic.real.model_worker"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "--config" in r.stderr
+
+
+def test_a_bad_calibration_file_is_one_line_naming_the_key(tmp_path: Path) -> None:
+    p = tmp_path / "cal.json"
+    p.write_text(json.dumps({"version": 1, "spawn_s": 0.01, "stop_s": -1, "reaction_s": 0,
+                             "store_rtt_s": 0}))  # fmt: skip
+    with pytest.raises(ConfigError, match="stop_s: got -1"):
+        load_calibration(p)
+    p.write_text("{")
+    with pytest.raises(ConfigError, match="not JSON"):
+        load_calibration(p)
+    f = tmp_path / "s.yaml"
+    f.write_text((SMALL % "node_leave, node: 1") + f"calibration: {p.name}\n")
+    r = _cli("sim", str(f))
+    assert r.returncode == 2 and "calibration" in r.stderr and "Traceback" not in r.stderr
+
+
+# -- calibration in the simulator ------------------------------------------------------
+
+
+def test_calibration_scales_into_the_simulated_recovery() -> None:
+    sc = load_scenario_text(SMALL % "worker_crash, node: 1, local_rank: 0")
+
+    def recovery(cal: Calibration, k: float) -> float:
+        return float(simulate(sc, calibration=cal, time_scale=k).report["recovery_s"][0])
+
+    bare = Calibration(spawn_s=0.0, stop_s=0.0, reaction_s=0.0, store_rtt_s=0.0002)
+    cal = Calibration(spawn_s=0.02, stop_s=0.01, reaction_s=0.002, store_rtt_s=0.0002)
+    # the exit notice, node 0's stop and the spawn are on the recovery's path (node 1's
+    # only worker crashed: nothing to stop there); times K at time scale K
+    assert recovery(cal, 1) - recovery(bare, 1) == pytest.approx(0.032, abs=0.002)
+    assert recovery(cal, 10) - recovery(bare, 10) == pytest.approx(0.32, abs=0.02)
+    # and the store's latency is half the round trip, times K
+    slow = Calibration(spawn_s=0.0, stop_s=0.0, reaction_s=0.0, store_rtt_s=0.002)
+    assert recovery(slow, 10) > recovery(bare, 10) + 0.05
+
+
+def test_a_scenario_names_its_calibration_relative_to_itself(tmp_path: Path) -> None:
+    cal = Calibration(spawn_s=0.01, stop_s=0.01, reaction_s=0.0, store_rtt_s=0.0001)
+    (tmp_path / "c.json").write_text(json.dumps(cal.to_dict()))
+    f = tmp_path / "s.yaml"
+    f.write_text((SMALL % "node_leave, node: 1") + "calibration: c.json\n")
+    sc = load_scenario(f)
+    assert scenario_calibration(sc) == cal
+    assert load_scenario_text(sc.to_yaml()).calibration == "c.json"
+
+
+def test_the_six_fidelity_scenarios_name_the_committed_calibration() -> None:
+    for name in ("worker_crash", "node_crash_spare", "scale_up", "hang_timer",
+                 "hang_heartbeat", "graceful_leave"):  # fmt: skip
+        sc = load_scenario(SCENARIOS / f"fidelity_{name}.yaml")
+        assert scenario_calibration(sc) is not None
+
+
+# -- per-fault recovery ----------------------------------------------------------------
+
+
+def test_recovery_is_attributed_to_the_fault_that_broke_the_world() -> None:
+    def ev(t: float, kind: str, **f: object) -> AgentEvent:
+        return AgentEvent(t, "sim", kind, fields=f)
+
+    log = [
+        ev(10, "sim.fault", fault="node_join", index=0),  # broke nothing before the next
+        ev(20, "sim.world_broken"),
+        ev(20, "sim.fault", fault="worker_crash", index=1, target=1),
+        ev(31.5, "sim.world_running"),
+    ]
+    rows = fault_recoveries(log)
+    assert [r["recovery_s"] for r in rows] == [None, 11.5]
+    assert within(0.52, 0.5, 0.10, 0.05) and within(0.53, 0.5, 0.10, 0.05)
+    assert not within(11.0, 10.0, 0.05, 0.05)
+
+
+# -- real processes --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["fidelity_worker_crash", "fidelity_graceful_leave"])
+def test_real_and_simulated_recovery_agree(
+    name: str, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TAG, tag)  # every process of the run inherits it: the sweep finds them
+    sc = load_scenario(SCENARIOS / f"{name}.yaml")
+    cal = scenario_calibration(sc)
+    c = compare(sc, 10.0, cal, tolerance=0.25, floor=0.25)
+    assert c.mismatches == [], c.table()
+    assert c.real["state"] == "SUCCEEDED" and c.real["steps_done"] == sc.job.steps
+    assert [r["ok"] for r in c.faults] == [True], c.table()
