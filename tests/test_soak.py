@@ -68,8 +68,11 @@ def test_nothing_of_the_job_is_left_however_the_agent_ends(
     code: int,
 ) -> None:
     result = run(3, mode, end=end, env_tag=(TAG, tag), timeout=90)
-    assert result.returncode == code, result.stderr[-2000:]
-    assert len(result.samples) >= 3
+    assert result.returncode == code, (result.samples, result.stderr[-2000:])
+    # the signal went to an agent that had started its last attempt (under load a fast
+    # attempt may pass unsampled: only one sample is required)
+    last = 2 if end == "inject" else 3  # an injected failure ends the third restart
+    assert result.samples and result.samples[-1].attempt == last, result.samples
     if end == "inject":
         assert "injected agent failure" in result.stderr
     left = set(result.leftovers)

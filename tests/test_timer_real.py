@@ -336,13 +336,15 @@ def test_timer_of_a_worker_that_exited_holding_it_is_dropped_without_a_kill(
     # torch's clear_timers drops the timers of processes no longer running: a worker
     # that exits inside `expires` is not reported killed (it was not)
     srv, events, reaped = server
+    # the deadline is taken after the imports (they can take longer than it on a loaded
+    # machine): the worker must have exited, holding the timer, before it expires
     code = (
-        "import sys\n"
+        "import sys, time\n"
         "from elastic.timer import FileTimerClient\n"
-        "FileTimerClient(sys.argv[1]).acquire('s', float(sys.argv[2]))\n"
+        "FileTimerClient(sys.argv[1]).acquire('s', time.time() + float(sys.argv[2]))\n"
     )
     caplog.set_level("INFO", logger="elastic.timer")
-    worker = spawn(code, fifo, str(time.time() + 0.3))
+    worker = spawn(code, fifo, "0.3")
     srv.set_worker_pids([worker.pid])
     assert worker.wait(timeout=10) == 0
     wait_for(lambda: srv._request_count == 1)

@@ -342,3 +342,18 @@ def test_gloo_ddp_forked_from_a_torch_zygote_resumes_after_a_crash(
     assert (tmp_path / "warm" / "crashed").exists()  # rank 1 really died once
     assert "rank 0: resumed at step 10" in p.stdout and "rank 1: resumed at step 10" in p.stdout
     assert warm == clean
+
+
+@pytest.mark.timeout(60)
+def test_a_function_entrypoint_keeps_todays_path(
+    tmp_path: Path, tag: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from elastic.launcher.api import elastic_launch
+    from tests.test_launcher import TAG, _config, square_of_rank
+
+    monkeypatch.setenv(TAG, tag)
+    config = _config(tmp_path, preload=("json",))
+    with caplog.at_level("WARNING"):
+        values = elastic_launch(config, square_of_rank)(10)
+    assert values == {0: {"rank": 0, "value": 10}, 1: {"rank": 1, "value": 11}}
+    assert "--preload: ignored for a function entrypoint" in caplog.text

@@ -487,7 +487,10 @@ def _cuda_in_use() -> str | None:
 def _check(forker: _Forker) -> str | None:
     n = _threads()
     if n != 1:
-        return f"the preloaded modules started {n - 1} thread(s); forking would lose them"
+        hint = ""
+        if "numpy" in sys.modules and not os.environ.get("OMP_NUM_THREADS"):
+            hint = " (numpy's BLAS starts threads at import unless OMP_NUM_THREADS=1 is set)"
+        return f"the preloaded modules started {n - 1} thread(s); forking would lose them{hint}"
     return _cuda_in_use() or forker.unsafe_platform()
 
 

@@ -1,4 +1,4 @@
-"""Who the timer servers may signal, and with what: a real adapter (``os.kill``, psutil).
+"""Who the timer servers may signal, and with what: a real adapter (``os.kill``, ``/proc``).
 
 torch's servers take the pid and the signal from the request and call
 ``os.kill(pid, signal)`` — any process that can write to the pipe can make the agent
@@ -6,7 +6,8 @@ signal any process it may signal.  :class:`ReapGuard` narrows that down:
 
 * **pids**: only the worker pids the agent registered with :meth:`set_worker_pids`
   (updated at each (re)start), or their descendants (a worker's own subprocesses,
-  found with psutil).  Until the agent registers pids, the server's own descendants
+  found by walking ``/proc/<pid>/stat`` up the tree; psutil where there is no
+  ``/proc``).  Until the agent registers pids, the server's own descendants
   are allowed, which is what a worker group launched by this process is.  Never the
   server's own pid, never pid ≤ 0 (process groups, "everyone").
 * **signals**: only ``allowed_signals`` (default ``{SIGKILL, SIGTERM}``), plus 0
@@ -23,8 +24,6 @@ import os
 import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import psutil
 
 __all__ = ["DEFAULT_ALLOWED_SIGNALS", "ReapGuard", "Reaped"]
 
@@ -75,6 +74,8 @@ def _has_ancestor(pid: int, anchors: frozenset[int]) -> bool:
     there is no ``/proc``.
     """
     if not os.path.isdir("/proc/self"):  # pragma: no cover - not Linux
+        import psutil  # only here: a worker importing the timer client never needs it
+
         try:
             return any(p.pid in anchors for p in psutil.Process(pid).parents())
         except psutil.Error:
