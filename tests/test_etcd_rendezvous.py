@@ -21,8 +21,7 @@ from elastic.rendezvous.dynamic import (
     RendezvousSettings,
     RendezvousTimeout,
 )
-from tests.etcd_servers import EtcdCluster, etcd_binary
-from tests.etcd_servers import etcd_cluster as etcd_cluster  # the fixture
+from tests.etcd_servers import BINARIES, EtcdCluster, etcd_binary
 
 LAST_CALL = 0.5
 
@@ -101,11 +100,17 @@ def test_a_dead_nodes_lease_expiry_makes_survivors_watch_return_peer_lost(
     agree(infos, 2)
 
 
+@pytest.fixture(params=BINARIES)
+def three_members(request: pytest.FixtureRequest) -> Iterator[EtcdCluster]:
+    with EtcdCluster(etcd_binary(str(request.param)), members=3) as cluster:
+        yield cluster
+
+
 @pytest.mark.slow
 def test_three_handlers_rendezvous_on_three_members_and_again_after_the_leader_is_killed(
-    etcd_cluster: EtcdCluster,
+    three_members: EtcdCluster,
 ) -> None:
-    cluster = etcd_cluster
+    cluster = three_members
 
     async def body() -> tuple[list[RendezvousInfo], list[RendezvousInfo], int, list[bytes]]:
         clients = await connect_each(cluster, 3, f"/t/{uuid.uuid4().hex}/")
