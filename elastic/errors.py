@@ -28,11 +28,19 @@ so a torch user's ``except`` keeps working: :class:`ConfigError` is a ``ValueErr
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "ElasticError", "StoreClosedError", "StoreError"]
+__all__ = ["ConfigError", "ElasticError", "StoreClosedError", "StoreError", "one_line"]
 
 
 class ElasticError(Exception):
     """Root of the errors raised by elastic."""
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters escaped (a newline as ``\\n``, ESC as ``\\x1b``):
+    one line, and nothing for a terminal to act on."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 class ConfigError(ElasticError, ValueError):
@@ -47,7 +55,8 @@ class ConfigError(ElasticError, ValueError):
         self.message = message
 
     def __str__(self) -> str:
-        return f"{self.where}: {self.message}"
+        # one line whatever the input put in it (a key or a path may hold a newline)
+        return one_line(f"{self.where}: {self.message}")
 
 
 class StoreError(ElasticError):

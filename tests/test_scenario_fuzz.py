@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -210,3 +211,12 @@ def scenarios(draw: st.DrawFn) -> Scenario:
 @given(scenarios())
 def test_any_valid_scenario_written_with_to_yaml_loads_back_equal(scenario: Scenario) -> None:
     assert load_scenario_text(scenario.to_yaml()) == scenario
+
+
+def test_a_key_with_a_newline_is_named_on_one_line() -> None:
+    from elastic.errors import ConfigError
+    from sim.scenario import load_scenario_text
+
+    with pytest.raises(ConfigError) as e:
+        load_scenario_text("seed: 1\nagent: {\"max_r\\n2\": 1}\n", name="s.yaml")
+    assert "\n" not in str(e.value) and "max_r\\n2" in str(e.value)
