@@ -217,6 +217,10 @@ def test_a_key_with_a_newline_is_named_on_one_line() -> None:
     from elastic.errors import ConfigError
     from sim.scenario import load_scenario_text
 
-    with pytest.raises(ConfigError) as e:
-        load_scenario_text("seed: 1\nagent: {\"max_r\\n2\": 1}\n", name="s.yaml")
-    assert "\n" not in str(e.value) and "max_r\\n2" in str(e.value)
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "scenarios" / "worker_crash_restarts.yaml").read_text()
+    with pytest.raises(ConfigError) as e:  # an unknown top-level key, with a newline in it
+        load_scenario_text(text + '"late\\n2": 1\n', name="s.yaml")
+    assert "\n" not in str(e.value) and "late\\n2" in str(e.value)
