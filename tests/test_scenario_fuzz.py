@@ -214,10 +214,10 @@ def test_any_valid_scenario_written_with_to_yaml_loads_back_equal(scenario: Scen
 
 
 def test_a_key_with_a_newline_is_named_on_one_line() -> None:
+    from pathlib import Path
+
     from elastic.errors import ConfigError
     from sim.scenario import load_scenario_text
-
-    from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     text = (root / "scenarios" / "worker_crash_restarts.yaml").read_text()
