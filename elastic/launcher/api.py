@@ -219,6 +219,9 @@ async def launch_agent_async(
     )
     if opened.hosting:
         logger.info("This agent hosts the rendezvous: %s", opened.where)
+    from elastic.agent.server.local_elastic_agent import SignalException
+
+    linger = _linger(config)
     try:
         return await _run_on_store(
             config,
@@ -231,8 +234,11 @@ async def launch_agent_async(
             health_check_server=health_check_server,
             reaper=reaper,
         )
+    except SignalException:
+        linger = 0.0  # told to stop: the others lose the store now, as they would on a kill
+        raise
     finally:
-        await opened.aclose(linger=_linger(config))
+        await opened.aclose(linger=linger)
 
 
 def _linger(config: LaunchConfig) -> float:
