@@ -15,11 +15,14 @@ from collections.abc import Callable, Sequence
 
 __all__ = ["entry", "main"]
 
-USAGE = """usage: elastic {sim,run} ...
+USAGE = """usage: elastic {sim,run,report,real,compare,calibrate} ...
 
   elastic sim SCENARIO.yaml [--seed N] [--json]   run a failure scenario in the simulator
   elastic run [torchrun flags] SCRIPT [ARGS...]    launch real workers, like torchrun
   elastic report EVENTS.jsonl [--json]             the report of a real or simulated run
+  elastic real SCENARIO.yaml [--time-scale K]      run a scenario on real processes
+  elastic compare SCENARIO.yaml [--time-scale K]   the same scenario in both worlds
+  elastic calibrate [-o FILE]                      measure this machine for the simulator
 """
 
 

@@ -23,7 +23,9 @@ node_crash          SIGKILL of the agent and its process tree; ``restart_after``
 node_join           new agents (the next node indices)
 node_leave          SIGTERM to the agent (it stops its workers, revokes its lease)
 preemption          SIGTERM to the agent ``notice`` after the fault's time
-store_outage        SIGSTOP of the store host, SIGCONT ``duration`` later
+store_outage        SIGSTOP of the store host, SIGCONT ``duration`` later (announced
+                    first with SIGUSR1: the host extends every lease by the outage,
+                    which expires nobody's lease, as in the simulator and etcd)
 ==================  ===========================================================
 
 ``network_partition`` and ``gpu_error`` are refused before anything starts, with the
@@ -88,6 +90,9 @@ GATED_RUN = (
 )
 # How long before its time an agent is started (wall seconds): its imports fit in it.
 LEAD = 1.5
+# Wall seconds an outage's announcement adds to every lease, beyond the outage itself
+# (the announcement is handled before the stop; renewals resume after it).
+OUTAGE_MARGIN = 0.05
 # How often the runner looks at its agents between actions (wall seconds).  The runner
 # is a test harness, not agent logic: what it measures comes from the logs' times.
 TICK = 0.01
@@ -283,7 +288,15 @@ def _model_config(sc: Scenario, faults: Sequence[Fault], k: float, d: Path, t0: 
 def _start_store(d: Path) -> tuple[subprocess.Popen[bytes], int]:
     with open(d / "store.err", "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "elastic.real.netstore_host", "--port", "0"],
+            [
+                sys.executable,
+                "-m",
+                "elastic.real.netstore_host",
+                "--port",
+                "0",
+                "--outage-file",
+                str(d / "outage"),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=err,
@@ -354,6 +367,10 @@ def _apply(run: _Run, f: Fault, index: int) -> None:
         else:
             leave()
     elif k is FaultKind.STORE_OUTAGE:
+        # announce it (leases are extended by its length, see netstore_host), then stop
+        (run.dir / "outage").write_text(f"{(f.duration or 0.0) / run.k + OUTAGE_MARGIN}")
+        run.store.send_signal(signal.SIGUSR1)
+        time.sleep(OUTAGE_MARGIN / 2)  # the host handles the announcement first
         run.store.send_signal(signal.SIGSTOP)
         run.later(f.duration or 0.0, lambda: run.store.send_signal(signal.SIGCONT))
     fields["applied"] = applied
