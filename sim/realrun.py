@@ -208,6 +208,7 @@ class _Run:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         a = _Agent(node, inc, proc, log)
         self.agents.append(a)
@@ -230,6 +231,17 @@ class _Run:
             if a.proc.poll() is not None:
                 del self.live[node]
         return bool(self.live)
+
+
+def _die_with_parent() -> None:
+    """In a child, before exec: SIGKILL when the runner dies (even by SIGKILL), so a
+    killed ``elastic real`` leaves no agent or store host behind (each is in a session
+    of its own, out of reach of a signal to the runner's process group)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -301,6 +313,7 @@ def _start_store(d: Path) -> tuple[subprocess.Popen[bytes], int]:
             stdout=subprocess.PIPE,
             stderr=err,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
     assert proc.stdout is not None
     line = proc.stdout.readline().decode().strip()
@@ -608,7 +621,31 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as e:
         print(f"elastic real: {e}", file=sys.stderr)
         return 2
-    result = real_run(sc, args.time_scale, args.keep)
+    if args.keep and Path(args.keep).is_dir() and any(Path(args.keep).iterdir()):
+        # a checkpoint left there would be resumed from, and old logs merged in
+        print(f"elastic real: --keep: {args.keep} is not empty; expected a new or empty "
+              "directory", file=sys.stderr)  # fmt: skip
+        return 2
+    ttl = sc.rendezvous.heartbeat_timeout / args.time_scale
+    if ttl < 1.0:
+        print(
+            f"elastic real: warning: at --time-scale {args.time_scale:g} a node's lease lasts "
+            f"{ttl * 1000:.0f} ms of wall time; an agent starved of CPU for that long loses "
+            "it (keep heartbeat_timeout / K at 1 s or more)",
+            file=sys.stderr,
+        )
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")  # the run's finally stops everything
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        result = real_run(sc, args.time_scale, args.keep)
+    except KeyboardInterrupt:
+        print("elastic real: interrupted; every process it started is stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     report = dict(result.report)
     if args.events:
         with open(args.events, "wb") as f:

@@ -263,3 +263,27 @@ def test_an_announced_store_outage_expires_no_lease(
         p.wait(timeout=10)
         assert p.stdout is not None
         p.stdout.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_killed_elastic_real_leaves_nothing_running(sig: str, tag: str) -> None:
+    import signal
+    import time
+
+    env = dict(os.environ, **{TAG: tag})
+    code = "import sys; from sim.realrun import main; sys.exit(main(sys.argv[1:]))"
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, str(SCENARIOS / "fidelity_worker_crash.yaml"),
+         "--time-scale", "10"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    time.sleep(4)  # the agents and their workers are running
+    p.send_signal(getattr(signal, sig))
+    _, err = p.communicate(timeout=30)
+    if sig == "SIGTERM":
+        assert p.returncode == 130 and "interrupted" in err
+    # the tag fixture fails the test if an agent, worker or the store host is left
