@@ -43,6 +43,10 @@ SCENARIOS = [
 ]
 
 
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--time-scale", type=float, default=10.0)
@@ -77,8 +81,8 @@ def main() -> int:
     lines = [
         "# Fidelity: the simulator against real runs of the same scenarios",
         "",
-        f"Command: `python bench/bench_fidelity.py --time-scale {k:g}`"
-        + (" --calibrate" if args.calibrate else ""),
+        f"Command: `python bench/bench_fidelity.py --time-scale {k:g}"
+        + (" --calibrate`" if args.calibrate else "`"),
         "",
         f"Machine: {platform.node()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
@@ -108,8 +112,8 @@ def main() -> int:
         for r in c.faults:
             err = r.get("error")
             lines.append(
-                f"| {name} | {r['fault']} at {r['at']:g} s | {r['sim_s']} | {r['real_s']} | "
-                f"{r.get('ratio', '-')} | {'-' if err is None else f'{err * 100:.2f} %'} | "
+                f"| {name} | {r['fault']} at {r['at']:g} s | {_s(r['sim_s'])} | "
+                f"{_s(r['real_s'])} | {r.get('ratio', '-')} | {'-' if err is None else f'{err * 100:.2f} %'} | "
                 f"{counts} ({same}) |"
             )
     lines += [

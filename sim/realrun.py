@@ -23,7 +23,9 @@ node_crash          SIGKILL of the agent and its process tree; ``restart_after``
 node_join           new agents (the next node indices)
 node_leave          SIGTERM to the agent (it stops its workers, revokes its lease)
 preemption          SIGTERM to the agent ``notice`` after the fault's time
-store_outage        SIGSTOP of the store host, SIGCONT ``duration`` later
+store_outage        SIGSTOP of the store host, SIGCONT ``duration`` later (announced
+                    first with SIGUSR1: the host extends every lease by the outage,
+                    which expires nobody's lease, as in the simulator and etcd)
 ==================  ===========================================================
 
 ``network_partition`` and ``gpu_error`` are refused before anything starts, with the
@@ -88,6 +90,9 @@ GATED_RUN = (
 )
 # How long before its time an agent is started (wall seconds): its imports fit in it.
 LEAD = 1.5
+# Wall seconds an outage's announcement adds to every lease, beyond the outage itself
+# (the announcement is handled before the stop; renewals resume after it).
+OUTAGE_MARGIN = 0.05
 # How often the runner looks at its agents between actions (wall seconds).  The runner
 # is a test harness, not agent logic: what it measures comes from the logs' times.
 TICK = 0.01
@@ -203,6 +208,7 @@ class _Run:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         a = _Agent(node, inc, proc, log)
         self.agents.append(a)
@@ -225,6 +231,17 @@ class _Run:
             if a.proc.poll() is not None:
                 del self.live[node]
         return bool(self.live)
+
+
+def _die_with_parent() -> None:
+    """In a child, before exec: SIGKILL when the runner dies (even by SIGKILL), so a
+    killed ``elastic real`` leaves no agent or store host behind (each is in a session
+    of its own, out of reach of a signal to the runner's process group)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -283,11 +300,20 @@ def _model_config(sc: Scenario, faults: Sequence[Fault], k: float, d: Path, t0: 
 def _start_store(d: Path) -> tuple[subprocess.Popen[bytes], int]:
     with open(d / "store.err", "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "elastic.real.netstore_host", "--port", "0"],
+            [
+                sys.executable,
+                "-m",
+                "elastic.real.netstore_host",
+                "--port",
+                "0",
+                "--outage-file",
+                str(d / "outage"),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=err,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
     assert proc.stdout is not None
     line = proc.stdout.readline().decode().strip()
@@ -354,6 +380,10 @@ def _apply(run: _Run, f: Fault, index: int) -> None:
         else:
             leave()
     elif k is FaultKind.STORE_OUTAGE:
+        # announce it (leases are extended by its length, see netstore_host), then stop
+        (run.dir / "outage").write_text(f"{(f.duration or 0.0) / run.k + OUTAGE_MARGIN}")
+        run.store.send_signal(signal.SIGUSR1)
+        time.sleep(OUTAGE_MARGIN / 2)  # the host handles the announcement first
         run.store.send_signal(signal.SIGSTOP)
         run.later(f.duration or 0.0, lambda: run.store.send_signal(signal.SIGCONT))
     fields["applied"] = applied
@@ -591,7 +621,31 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as e:
         print(f"elastic real: {e}", file=sys.stderr)
         return 2
-    result = real_run(sc, args.time_scale, args.keep)
+    if args.keep and Path(args.keep).is_dir() and any(Path(args.keep).iterdir()):
+        # a checkpoint left there would be resumed from, and old logs merged in
+        print(f"elastic real: --keep: {args.keep} is not empty; expected a new or empty "
+              "directory", file=sys.stderr)  # fmt: skip
+        return 2
+    ttl = sc.rendezvous.heartbeat_timeout / args.time_scale
+    if ttl < 1.0:
+        print(
+            f"elastic real: warning: at --time-scale {args.time_scale:g} a node's lease lasts "
+            f"{ttl * 1000:.0f} ms of wall time; an agent starved of CPU for that long loses "
+            "it (keep heartbeat_timeout / K at 1 s or more)",
+            file=sys.stderr,
+        )
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")  # the run's finally stops everything
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        result = real_run(sc, args.time_scale, args.keep)
+    except KeyboardInterrupt:
+        print("elastic real: interrupted; every process it started is stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     report = dict(result.report)
     if args.events:
         with open(args.events, "wb") as f:

@@ -484,6 +484,12 @@ class SimGroup:
         # a hung worker ignores the graceful signal; the others exit after stop_time
         delay = grace if hung else min(grace, model.stop_time)
         if delay > 0:
+            # a signalled worker stops making progress at the signal, not at its exit
+            # (a real worker's SIGTERM handler stops stepping at once; elastic real
+            # measured the break there), so its world breaks now
+            for w in sorted(live, key=lambda w: w.local_rank):
+                if w.world is not None and w.state is not WState.HUNG:
+                    w.world.break_("stopped_by_agent", culprit=w)
             await clock.sleep(delay)
         before = len(self._exits)
         for w in sorted(live, key=lambda w: w.local_rank):

@@ -207,3 +207,83 @@ def test_real_and_simulated_recovery_agree(
     assert c.mismatches == [], c.table()
     assert c.real["state"] == "SUCCEEDED" and c.real["steps_done"] == sc.job.steps
     assert [r["ok"] for r in c.faults] == [True], c.table()
+
+
+@pytest.mark.timeout(60)
+def test_an_announced_store_outage_expires_no_lease(
+    tmp_path: Path, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+    import signal
+    import time
+
+    from elastic.real.clock import AsyncioClock
+    from elastic.real.netstore import NetStoreClient
+
+    monkeypatch.setenv(TAG, tag)
+    outage = tmp_path / "outage"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "elastic.real.netstore_host", "--outage-file", str(outage)],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert p.stdout is not None
+        port = int(p.stdout.readline().decode().rsplit(":", 1)[1])
+
+        async def main() -> tuple[bytes | None, bytes | None]:
+            c = await NetStoreClient.connect(
+                "127.0.0.1", port, token=None, clock=AsyncioClock(), connect_timeout=10,
+                read_timeout=30,
+            )  # fmt: skip
+            try:
+                seen = []
+                for announce in (True, False):
+                    lease = await c.grant_lease(0.5)
+                    await c.set("k", b"v", lease=lease)
+                    if announce:
+                        outage.write_text("1.6")
+                        p.send_signal(signal.SIGUSR1)
+                        await asyncio.sleep(0.05)
+                    p.send_signal(signal.SIGSTOP)
+                    time.sleep(1.5)  # blocks the client too: it renews nothing meanwhile
+                    p.send_signal(signal.SIGCONT)
+                    await asyncio.sleep(0.1)
+                    seen.append(await c.try_get("k"))
+                    await lease.revoke()
+                return seen[0], seen[1]
+            finally:
+                await c.aclose()
+
+        announced, unannounced = asyncio.run(main())
+        assert announced == b"v"  # the outage expired nobody's lease
+        assert unannounced is None  # a plain stop: the lease ran out while stopped
+    finally:
+        p.send_signal(signal.SIGCONT)
+        p.terminate()
+        p.wait(timeout=10)
+        assert p.stdout is not None
+        p.stdout.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_killed_elastic_real_leaves_nothing_running(sig: str, tag: str) -> None:
+    import signal
+    import time
+
+    env = dict(os.environ, **{TAG: tag})
+    code = "import sys; from sim.realrun import main; sys.exit(main(sys.argv[1:]))"
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, str(SCENARIOS / "fidelity_worker_crash.yaml"),
+         "--time-scale", "10"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    time.sleep(4)  # the agents and their workers are running
+    p.send_signal(getattr(signal, sig))
+    _, err = p.communicate(timeout=30)
+    if sig == "SIGTERM":
+        assert p.returncode == 130 and "interrupted" in err
+    # the tag fixture fails the test if an agent, worker or the store host is left
