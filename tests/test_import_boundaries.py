@@ -7,9 +7,9 @@
    ``elastic/clock.py`` naming ``asyncio.CancelledError`` as the port's cancellation type.
 3. ``sim/`` may import ``elastic/`` (it adds worlds, not agent logic).
 4. Transitively too: a module of the pure core (:data:`MUST_BE_PURE`) reaches no real
-   adapter through its ``elastic`` imports (``agent`` → ``metrics`` → the wall clock is as much a wall-clock
-   import as ``import time``), except through the edges of :data:`KNOWN_EDGES`, each
-   written down with its reason.
+   adapter through its ``elastic`` imports (``agent`` → ``metrics`` → the wall clock is as
+   much a wall-clock import as ``import time``), except through the edges of
+   :data:`KNOWN_EDGES`, each written down with its reason.
 """
 
 from __future__ import annotations
