@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 
 from elastic.real import proctree
+from tests.leftovers import no_leftover_processes
 
 PY = sys.executable
 ELASTIC_RUN = [PY, "-m", "elastic.cli", "run"]
@@ -36,19 +36,8 @@ TAG = "ELASTIC_TEST_TAG"
 def tag() -> Iterator[str]:
     """A tag for this test's processes; fails the test if any is left when it ends."""
     value = uuid.uuid4().hex
-    yield value
-    deadline = time.monotonic() + 3.0
-    left: set[int] = set()
-    while True:
-        left = proctree.pids_with_env(proctree.Marker(TAG, value), exclude={os.getpid()})
-        left = {p for p in left if _alive(p)}
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {sorted(left)}"
+    with no_leftover_processes(lambda: [proctree.Marker(TAG, value)]):
+        yield value
 
 
 def _alive(pid: int) -> bool:
