@@ -256,6 +256,7 @@ class Rendezvous(Record):
         redundancy_list: set[str] | None = None,
         deadline: float | None = None,
         closed_round_phase: Phase | None = None,
+        crashed: set[str] | None = None,
     ) -> None:
         self.settings = settings
         self.round = round
@@ -267,7 +268,7 @@ class Rendezvous(Record):
         self.redundancy_list = set() if redundancy_list is None else redundancy_list
         self.deadline = deadline
         self.closed_round_phase = closed_round_phase
-        self.crashed = set()
+        self.crashed = set() if crashed is None else crashed
 
     def status(self, node: str) -> NodeStatus:
         if node in self.joined:
