@@ -179,22 +179,27 @@ class SimStoreClient:
                 continue
             return
 
-    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, op: Callable[..., Awaitable[T]], *args: Any) -> T:
         """One round trip: the request waits for the link, the store executes it, and the
         answer (or error) waits for the link again before the caller sees it."""
-        if not self.reachable:
+        # Performance: this runs for every store operation of every simulated agent: the
+        # link checks are plain attribute reads, the operation is passed with its
+        # arguments (no closure per call), and a healthy link costs no event beyond the
+        # latency.
+        host = self.host
+        if self._cut_until is not None or host._down_until is not None:
             await self._link()
-        if self.host.latency > 0:
-            await self.host.clock.sleep(self.host.latency)
-            if not self.reachable:  # the link failed while the request travelled
-                await self._link()
+        if host.latency > 0:
+            await host.clock.sleep(host.latency)
+            if self._cut_until is not None or host._down_until is not None:
+                await self._link()  # the link failed while the request travelled
         try:
-            result = await op()
+            result = await op(*args)
         except Exception:  # an error travels back too; a cancellation stays local
-            if not self.reachable:
+            if self._cut_until is not None or host._down_until is not None:
                 await self._link()
             raise
-        if not self.reachable:
+        if self._cut_until is not None or host._down_until is not None:
             await self._link()
         return result
 
@@ -203,28 +208,28 @@ class SimStoreClient:
         await self._call(lambda: self.host.store.set(key, value, lease=_inner(lease)))
 
     async def get(self, key: str, timeout: float | None = None) -> bytes:
-        return await self._call(lambda: self.host.store.get(key, timeout))
+        return await self._call(self.host.store.get, key, timeout)
 
     async def try_get(self, key: str) -> bytes | None:
-        return await self._call(lambda: self.host.store.try_get(key))
+        return await self._call(self.host.store.try_get, key)
 
     async def add(self, key: str, amount: int) -> int:
-        return await self._call(lambda: self.host.store.add(key, amount))
+        return await self._call(self.host.store.add, key, amount)
 
     async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
-        return await self._call(lambda: self.host.store.compare_set(key, expected, desired))
+        return await self._call(self.host.store.compare_set, key, expected, desired)
 
     async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
-        await self._call(lambda: self.host.store.wait(keys, timeout))
+        await self._call(self.host.store.wait, keys, timeout)
 
     async def delete(self, key: str) -> bool:
-        return await self._call(lambda: self.host.store.delete(key))
+        return await self._call(self.host.store.delete, key)
 
     async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
-        return await self._call(lambda: self.host.store.multi_get(keys, timeout))
+        return await self._call(self.host.store.multi_get, keys, timeout)
 
     async def multi_set(self, items: Mapping[str, bytes]) -> None:
-        await self._call(lambda: self.host.store.multi_set(items))
+        await self._call(self.host.store.multi_set, items)
 
     async def grant_lease(self, ttl: float) -> Lease:
         async def grant() -> Lease:
@@ -238,7 +243,7 @@ class SimStoreClient:
         return _ClientLease(self, await self._call(grant))
 
     async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
-        return await self._call(lambda: self.host.store.snapshot(prefix))
+        return await self._call(self.host.store.snapshot, prefix)
 
     async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
-        return await self._call(lambda: self.host.store.watch(prefix, after, timeout))
+        return await self._call(self.host.store.watch, prefix, after, timeout)

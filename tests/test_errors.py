@@ -265,7 +265,7 @@ def test_child_failed_error_puts_earliest_failure_last_as_root_cause(tmp_path: P
     other = "\n".join(lines[5:root_at])
     root = "\n".join(lines[root_at + 1 : -1])
     assert "rank      : 5 (local_rank: 1)" in other
-    assert "exitcode  : -15 (pid: 501)  (SIGTERM)"  # torch: two spaces in other
+    assert "exitcode  : -15 (pid: 501)  (SIGTERM)" in other  # torch: two spaces in other
     assert "rank      : 4 (local_rank: 0)" in root
     assert "host      : node-7" in root
     assert "exitcode  : 1 (pid: 500) \n" in root

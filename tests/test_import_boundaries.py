@@ -6,6 +6,10 @@
    the store and the ports go through the clock port.  The one exception is
    ``elastic/clock.py`` naming ``asyncio.CancelledError`` as the port's cancellation type.
 3. ``sim/`` may import ``elastic/`` (it adds worlds, not agent logic).
+4. Transitively too: a module of the pure core (:data:`MUST_BE_PURE`) reaches no real
+   adapter through its ``elastic`` imports (``agent`` → ``metrics`` → the wall clock is as
+   much a wall-clock import as ``import time``), except through the edges of
+   :data:`KNOWN_EDGES`, each written down with its reason.
 """
 
 from __future__ import annotations
@@ -56,6 +60,24 @@ MUST_BE_PURE = [
     "elastic/events/__init__.py",
     "elastic/testing/store.py",
 ]
+
+
+# (importer, imported) edges allowed to reach a real adapter, and why.  A new path to an
+# adapter fails test_no_core_module_reaches_a_real_adapter_transitively.
+KNOWN_EDGES: dict[tuple[str, str], str] = {
+    ("elastic/agent/server/api.py", "elastic/real/clock.py"): (
+        "the synchronous run() (torch's API) makes an asyncio clock when none was given; "
+        "imported inside run(), never by the async agent"
+    ),
+    ("elastic/agent/server/api.py", "elastic/metrics/__init__.py"): (
+        "debt (issue 18, item 1): put_metric stamps the wall clock in a module global; "
+        "metrics are to go through the clock port and per-agent state"
+    ),
+    ("elastic/timer/api.py", "elastic/timer/wallclock.py"): (
+        "debt: torch's expires() runs in the worker process and reads the wall clock there; "
+        "timer.driver imports timer.api for its request types only"
+    ),
+}
 
 
 def _modules(node: ast.AST) -> list[tuple[str, list[str]]]:
@@ -110,3 +132,84 @@ def test_the_core_modules_exist_and_are_not_listed_as_adapters(rel: str) -> None
 def test_the_checker_catches_a_forbidden_import(tmp_path: Path) -> None:
     bad = ast.parse("def f():\n    import time\n    return time.time()\n")
     assert ("time", []) in _modules(bad)
+
+
+def _resolve(mod: str) -> Path | None:
+    p = ROOT.joinpath(*mod.split("."))
+    if p.with_suffix(".py").exists():
+        return p.with_suffix(".py")
+    if (p / "__init__.py").exists():
+        return p / "__init__.py"
+    return None
+
+
+def _elastic_deps(path: Path) -> list[str]:
+    """The files of ``elastic`` modules ``path`` imports (a ``from m import sub`` counts
+    the submodule too)."""
+    out: list[str] = []
+    for mod, names in _modules(ast.parse(path.read_text())):
+        if mod.split(".")[0] != "elastic":
+            continue
+        for target in [mod, *(f"{mod}.{n}" for n in names)]:
+            f = _resolve(target)
+            if f is not None and _rel(f) not in out:
+                out.append(_rel(f))
+    return out
+
+
+def _paths_to_adapters(
+    start: str, deps: dict[str, list[str]], allowed: set[tuple[str, str]]
+) -> list[list[str]]:
+    """Every adapter reachable from ``start`` (not crossing an allowed edge), each with
+    the import chain that reaches it."""
+    parent: dict[str, str | None] = {start: None}
+    todo = [start]
+    found: list[list[str]] = []
+    while todo:
+        cur = todo.pop()
+        for nxt in deps.get(cur, []):
+            if nxt in parent or (cur, nxt) in allowed:
+                continue
+            parent[nxt] = cur
+            if _is_adapter(nxt):
+                chain = [nxt]
+                while (up := parent[chain[-1]]) is not None:
+                    chain.append(up)
+                found.append(chain[::-1])
+            else:
+                todo.append(nxt)
+    return found
+
+
+def _all_deps() -> dict[str, list[str]]:
+    return {_rel(p): _elastic_deps(p) for p in ALL_ELASTIC}
+
+
+def test_no_core_module_reaches_a_real_adapter_transitively() -> None:
+    deps = _all_deps()
+    bad = [
+        " -> ".join(chain)
+        for rel in MUST_BE_PURE
+        for chain in _paths_to_adapters(rel, deps, set(KNOWN_EDGES))
+    ]
+    assert bad == [], "a core module reaches a real adapter:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_every_known_edge_still_exists_and_still_needs_its_exception() -> None:
+    deps = _all_deps()
+    for (src, dst), why in KNOWN_EDGES.items():
+        assert dst in deps.get(src, []), f"{src} no longer imports {dst}: drop the entry ({why})"
+        others = set(KNOWN_EDGES) - {(src, dst)}
+        assert _paths_to_adapters(src, deps, others), f"{src} -> {dst} reaches no adapter"
+
+
+def test_the_transitive_check_names_the_chain_to_an_adapter() -> None:
+    deps = {
+        "elastic/agent/x.py": ["elastic/metrics/y.py"],
+        "elastic/metrics/y.py": ["elastic/real/clock.py"],
+    }
+    assert _paths_to_adapters("elastic/agent/x.py", deps, set()) == [
+        ["elastic/agent/x.py", "elastic/metrics/y.py", "elastic/real/clock.py"]
+    ]
+    allowed = {("elastic/agent/x.py", "elastic/metrics/y.py")}
+    assert _paths_to_adapters("elastic/agent/x.py", deps, allowed) == []

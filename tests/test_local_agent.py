@@ -25,6 +25,7 @@ from elastic.multiprocessing.api import DefaultLogsSpecs
 from elastic.real.clock import AsyncioClock
 from elastic.rendezvous.api import RendezvousParameters
 from elastic.rendezvous.registry import get_rendezvous_handler
+from tests.test_gpu import FakeGpu, fake_pynvml
 from tests.test_run_cli import TAG, elastic_run, script, start_elastic_run, tag, wait_files
 
 __all__ = ["tag"]
@@ -357,3 +358,42 @@ def test_the_report_gives_the_time_of_the_failure_not_of_the_end_of_the_stop(
     assert times, p.stderr
     reported = datetime.strptime(times[-1], "%Y-%m-%d_%H:%M:%S").timestamp()
     assert abs(reported - failed_at) <= 1.0, (times, failed_at)
+
+
+@pytest.mark.timeout(60)
+def test_monitor_interval_is_the_period_of_the_nvml_health_check_while_the_group_runs(
+    tmp_path: Path, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TAG, tag)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(lae, "NVIDIA_CONTROL_DEVICE", __file__)  # "a driver is present"
+    gpus = [FakeGpu("GPU-aaaa-0000"), FakeGpu("GPU-bbbb-1111")]
+    nv = fake_pynvml(gpus)
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    events = ListSink()
+    agent = _agent(tmp_path, events)
+    spec = agent._worker_group.spec
+    spec.entrypoint = "/bin/sleep"
+    spec.args = ("30",)
+    spec.monitor_interval = 0.5
+    flipped: list[float] = []
+
+    async def main() -> Any:
+        run = asyncio.ensure_future(agent.run_async())
+        await asyncio.sleep(2.0)
+        checks_while_healthy = nv.calls["init"]
+        gpus[1].ecc = 3  # an uncorrectable memory error appears while the group runs
+        flipped.append(time.monotonic())
+        result = await run
+        return result, checks_while_healthy
+
+    result, checks = asyncio.run(main())
+    noticed = time.monotonic() - flipped[0]
+    assert result is not None and result.state == WorkerState.UNHEALTHY
+    # one check before the start, then one every 0.5 s: about 4 in the first 2 s
+    assert 3 <= checks <= 6, checks
+    assert noticed < 0.5 + 5.0  # the next sample, with a generous margin for a busy host
+    unhealthy = [e for e in events.events if e.kind == "agent.unhealthy"]
+    assert len(unhealthy) == 1 and "GPU 1" in str(unhealthy[0].fields["reason"])
+    checks_logged = [e for e in events.events if e.kind == "agent.gpu_check"]
+    assert [e.fields["healthy"] for e in checks_logged] == [True, False]

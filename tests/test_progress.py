@@ -10,7 +10,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 import elastic.progress as progress
@@ -22,6 +21,7 @@ from elastic.progress import (
     ProgressWatcher,
 )
 from elastic.real.clock import AsyncioClock
+from tests.leftovers import no_leftover_processes
 from tests.worlds import run_in
 
 # -- pure -----------------------------------------------------------------------------
@@ -100,13 +100,9 @@ def test_a_rank_armed_by_its_first_beat_wakes_an_idle_monitor(world: str) -> Non
 
 
 @pytest.fixture(autouse=True)
-def no_leftover_processes() -> Iterator[None]:
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    yield
-    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    for p in left:
-        p.kill()
-    assert left == [], f"processes left behind: {left}"
+def no_leftovers() -> Iterator[None]:
+    with no_leftover_processes():
+        yield
 
 
 def test_beat_without_the_env_var_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,11 +13,10 @@ import os
 import signal
 import sys
 import textwrap
-import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from elastic.errors import ConfigError
@@ -25,6 +24,7 @@ from elastic.multiprocessing.api import DefaultLogsSpecs, Std
 from elastic.real import workers as real_workers
 from elastic.real.workers import ProcessWorkers
 from elastic.workers import WorkerLaunch
+from tests.leftovers import no_leftover_processes
 
 PY = sys.executable
 
@@ -51,15 +51,10 @@ def start_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     return str(request.param)
 
 
-def _no_children_left() -> None:
-    deadline = time.monotonic() + 3.0
-    me = psutil.Process()
-    while time.monotonic() < deadline:
-        alive = [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
-        if not alive:
-            return
-        time.sleep(0.02)
-    pytest.fail(f"processes left behind: {alive}")
+@pytest.fixture(autouse=True)
+def no_leftovers() -> Iterator[None]:
+    with no_leftover_processes():
+        yield
 
 
 async def _run_probe(tmp_path: Path, args: list[str]) -> dict[str, Any]:
@@ -87,7 +82,6 @@ def test_worker_starts_in_its_own_session_with_death_signal_and_default_signals(
     assert info["pdeathsig"] == signal.SIGKILL
     assert info["argv"] == ["a b", "0"]
     assert info["probe_env"] == "yes"
-    _no_children_left()
 
 
 @pytest.mark.timeout(30)
@@ -107,7 +101,6 @@ def test_worker_program_starts_with_sigpipe_and_sigxfsz_at_default_and_nothing_b
     ignored = int(status["SigIgn"].strip(), 16)
     assert not {s for s in (signal.SIGPIPE, signal.SIGXFSZ) if ignored >> (s - 1) & 1}
     assert int(status["SigBlk"].strip(), 16) == 0
-    _no_children_left()
 
 
 @pytest.mark.timeout(30)
@@ -125,7 +118,6 @@ def test_a_file_that_is_not_a_program_is_one_config_error(tmp_path: Path) -> Non
     with pytest.raises(ConfigError) as e:
         asyncio.run(go())
     assert str(bogus) in str(e.value) and "cannot execute" in str(e.value)
-    _no_children_left()
 
 
 @pytest.mark.timeout(30)
@@ -139,7 +131,6 @@ def test_c_spawn_reports_exec_failure_and_reaps_the_child() -> None:
         spawn.spawn(b"/bin/true", [], [], [])  # argv needs argv[0]
     with pytest.raises(TypeError):
         spawn.spawn(b"/bin/true", ["str, not bytes"], [], [])  # type: ignore[list-item]
-    _no_children_left()
 
 
 @pytest.mark.timeout(30)

@@ -7,7 +7,6 @@ Every test has a time limit and the ``sweep`` fixture fails it if any process it
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
 import logging
@@ -29,6 +28,7 @@ from elastic.multiprocessing.api import DefaultLogsSpecs, Std
 from elastic.real import proctree
 from elastic.real.workers import ProcessGroup, ProcessWorkers
 from elastic.workers import ExitCause, WorkerExit, WorkerLaunch
+from tests.leftovers import gone, no_leftover_processes
 
 PY = sys.executable
 
@@ -36,17 +36,7 @@ PY = sys.executable
 # -- leftovers ---------------------------------------------------------------------------
 
 
-def _gone(pid: int) -> bool:
-    """Dead or a zombie; a zombie child of ours is reaped on the way."""
-    try:
-        p = psutil.Process(pid)
-        if p.status() != psutil.STATUS_ZOMBIE:
-            return False
-    except psutil.NoSuchProcess:
-        return True
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-    return True
+_gone = gone
 
 
 def wait_all_gone(pids: set[int], timeout: float) -> tuple[bool, float]:
@@ -66,26 +56,13 @@ Sweep = list[ProcessWorkers | proctree.Marker]
 @pytest.fixture
 def sweep() -> Iterator[list[ProcessWorkers | proctree.Marker]]:
     """Yields a list to put agents (or their markers) in; fails the test if anything is left."""
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
     agents: list[ProcessWorkers | proctree.Marker] = []
-    yield agents
-    markers = [a.agent_marker if isinstance(a, ProcessWorkers) else a for a in agents]
-    leftovers: set[int] = set()
-    deadline = time.monotonic() + 3.0
-    while True:
-        leftovers = {p.pid for p in me.children(recursive=True) if p.pid not in before}
-        for m in markers:
-            if m is not None:
-                leftovers |= proctree.pids_with_env(m)
-        leftovers = {p for p in leftovers if not _gone(p)}
-        if not leftovers or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    for pid in leftovers:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    assert not leftovers, f"processes left behind: {sorted(leftovers)}"
+
+    def markers() -> list[proctree.Marker | None]:
+        return [a.agent_marker if isinstance(a, ProcessWorkers) else a for a in agents]
+
+    with no_leftover_processes(markers):
+        yield agents
 
 
 def make_workers(sweep: Sweep, tmp_path: Path, **kw: Any) -> ProcessWorkers:

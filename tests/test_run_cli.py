@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 
 from elastic.real import proctree
+from tests.leftovers import no_leftover_processes
 
 PY = sys.executable
 ELASTIC_RUN = [PY, "-m", "elastic.cli", "run"]
@@ -36,19 +36,8 @@ TAG = "ELASTIC_TEST_TAG"
 def tag() -> Iterator[str]:
     """A tag for this test's processes; fails the test if any is left when it ends."""
     value = uuid.uuid4().hex
-    yield value
-    deadline = time.monotonic() + 3.0
-    left: set[int] = set()
-    while True:
-        left = proctree.pids_with_env(proctree.Marker(TAG, value), exclude={os.getpid()})
-        left = {p for p in left if _alive(p)}
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes left behind: {sorted(left)}"
+    with no_leftover_processes(lambda: [proctree.Marker(TAG, value)]):
+        yield value
 
 
 def _alive(pid: int) -> bool:
@@ -257,6 +246,9 @@ def test_worker_sees_the_same_variable_names_as_under_torchrun(tmp_path: Path, t
         (["--max-restarts", "-1"], "--max-restarts"),
         (["--redirects", "9"], "--redirects"),
         (["--no-such-flag"], "unrecognized"),
+        (["--event-log-handler", "nowhere"], "--event-log-handler"),
+        (["--duplicate-stdout-filters", "loss"], "--duplicate-stdout-filters"),
+        (["--duplicate-stderr-filters", "NaN,,x"], "--duplicate-stderr-filters"),
     ],
 )
 def test_bad_flag_is_one_line_and_exit_2(
@@ -349,6 +341,31 @@ def test_successful_job_exits_0_and_output_reaches_the_console(tmp_path: Path, t
     p = elastic_run(["--nproc-per-node", "2", train], tag)
     assert p.returncode == 0, p.stderr
     assert sorted(p.stdout.splitlines()) == ["hello 0", "hello 1"]
+
+
+@pytest.mark.timeout(60)
+def test_event_log_handler_console_records_torchs_events_on_stderr(
+    tmp_path: Path, tag: str
+) -> None:
+    train = script(tmp_path, "print('ok')\n")
+    p = elastic_run(["--nproc-per-node", "2", "--event-log-handler", "console", train], tag)
+    assert p.returncode == 0, p.stderr
+    recorded = []
+    for line in p.stderr.splitlines():
+        try:
+            recorded.append(json.loads(line))
+        except ValueError:
+            continue
+    names = [(e["name"], e["source"]) for e in recorded]
+    assert names.count(("torchelastic.worker.status.START", "WORKER")) == 2
+    assert names.count(("torchelastic.worker.status.SUCCEEDED", "WORKER")) == 2
+    assert ("RENDEZVOUS", "AGENT") in names and ("ASSIGN_WORKER_RANKS", "AGENT") in names
+    done = [e for e in recorded if e["name"] == "torchelastic.worker.status.SUCCEEDED"]
+    assert sorted(e["metadata"]["global_rank"] for e in done) == [0, 1]
+    assert {e["metadata"]["state"] for e in done} == {"SUCCEEDED"}
+    # the default, "null", records nothing
+    quiet = elastic_run(["--nproc-per-node", "1", train], tag)
+    assert quiet.returncode == 0 and "torchelastic.worker.status" not in quiet.stderr
 
 
 @pytest.mark.timeout(60)

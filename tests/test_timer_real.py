@@ -30,6 +30,7 @@ from elastic.timer import (
     expires,
 )
 from elastic.timer.file_based_local_timer import MAX_LINE_BYTES
+from tests.leftovers import no_leftover_processes
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -43,17 +44,9 @@ def _is_mp_helper(p: psutil.Process) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def no_leftover_processes() -> Iterator[None]:
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    yield
-    left = [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if p.pid not in before and not _is_mp_helper(p)
-    ]
-    for p in left:
-        p.kill()
-    assert left == [], f"processes left behind: {left}"
+def no_leftovers() -> Iterator[None]:
+    with no_leftover_processes(ignore=_is_mp_helper):
+        yield
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> None:

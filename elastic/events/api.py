@@ -13,8 +13,9 @@ import os
 import traceback
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from typing import Any
 
-from elastic.events.handlers import get_logging_handler
+from elastic.events.handlers import _log_handlers, get_logging_handler
 
 __all__ = [
     "Event",
@@ -22,8 +23,10 @@ __all__ = [
     "EventSource",
     "NodeState",
     "RdzvEvent",
+    "RecordSink",
     "construct_and_record_rdzv_event",
     "get_logging_handler",
+    "handler_names",
     "record",
     "record_rdzv_event",
 ]
@@ -177,3 +180,55 @@ def construct_and_record_rdzv_event(
             error_trace=error_trace,
         )
     )
+
+
+def handler_names() -> list[str]:
+    """The destinations :func:`record` knows (``--event-log-handler`` values)."""
+    return sorted(_log_handlers)
+
+
+class RecordSink:
+    """An event sink that passes torch's events to :func:`record` (``--event-log-handler``).
+
+    torch records the per-worker status events (``torchelastic.worker.status.<STATE>``,
+    source WORKER) and the agent's ``RENDEZVOUS`` and ``ASSIGN_WORKER_RANKS`` (source
+    AGENT) through ``events.record(event, spec.event_log_handler)``; so does this sink,
+    with torch's metadata keys where the agent's event has the value.  Other kinds are
+    ours and are not recorded.  An unknown destination raises :class:`KeyError`, as
+    torch's ``get_logging_handler`` does.
+    """
+
+    _WORKER = "torchelastic.worker.status."
+    _AGENT = frozenset({"RENDEZVOUS", "ASSIGN_WORKER_RANKS"})
+
+    def __init__(self, destination: str, run_id: str, rdzv_backend: str, hostname: str) -> None:
+        _log_handlers[destination]
+        self.destination = destination
+        self._common: dict[str, EventMetadataValue] = {
+            "run_id": run_id,
+            "rdzv_backend": rdzv_backend,
+            "hostname": hostname,
+        }
+
+    def emit(self, event: Any) -> None:
+        kind = event.kind
+        if kind.startswith(self._WORKER):
+            source, state = EventSource.WORKER, kind[len(self._WORKER) :]
+        elif kind in self._AGENT:
+            source, state = EventSource.AGENT, None
+        else:
+            return
+        fields = event.fields
+        metadata: dict[str, EventMetadataValue] = {
+            **self._common,
+            "global_rank": event.rank,
+            "group_rank": fields.get("group_rank"),
+            "role": event.role,
+            "state": state,
+            "duration_ms": fields.get("duration_ms"),
+            "metadata": json.dumps(
+                {k: v for k, v in fields.items() if k not in ("group_rank", "duration_ms")},
+                sort_keys=True,
+            ),
+        }
+        record(Event(kind, source, int(event.t), metadata), self.destination)

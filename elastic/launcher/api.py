@@ -40,6 +40,7 @@ from elastic.run_args import LaunchConfig
 __all__ = ["LaunchConfig", "LaunchError", "elastic_launch", "fqdn", "free_port", "launch_agent"]
 
 if TYPE_CHECKING:
+    from elastic.events import EventSink
     from elastic.real.rdzv_store import RendezvousStore
     from elastic.real.reaper import ReaperSidecar
 
@@ -186,6 +187,16 @@ async def launch_agent_async(
 
     if entrypoint is None:
         raise ConfigError("entrypoint", "got None; expected a program or a function")
+    for flag, filters in (
+        ("--duplicate-stdout-filters", config.duplicate_stdout_filters),
+        ("--duplicate-stderr-filters", config.duplicate_stderr_filters),
+    ):
+        if filters:
+            raise ConfigError(
+                flag,
+                f"got {','.join(filters)!r}; filtered copies of the workers' output are not "
+                "supported yet: use --tee with --log-dir and filter the files",
+            )
     run_id = config.run_id
     if not run_id:
         run_id = str(uuid4_int())
@@ -318,7 +329,7 @@ async def _run_on_store(
             raise ConfigError("--log-dir", f"got {config.log_dir!r}; {e}") from None
 
     event_file: IO[str] | None = None
-    events = None
+    events: EventSink | None = None
     if config.event_log:
         from elastic.events import StreamSink
 
@@ -329,6 +340,21 @@ async def _run_on_store(
                 "--event-log", f"got {config.event_log!r}; cannot write it: {e.strerror}"
             ) from None
         events = StreamSink(event_file)
+    if config.event_log_handler != "null":
+        # torch records its worker-status and rendezvous events through this handler
+        from elastic.events import TeeSink
+        from elastic.events.api import RecordSink, handler_names
+
+        try:
+            recorder = RecordSink(
+                config.event_log_handler, params.run_id, config.rdzv_backend, fqdn()
+            )
+        except KeyError:
+            raise ConfigError(
+                "--event-log-handler",
+                f"got {config.event_log_handler!r}; expected one of {', '.join(handler_names())}",
+            ) from None
+        events = recorder if events is None else TeeSink(events, recorder)
 
     extra_env = dict(config.extra_env)
     # torch puts this in the agent's os.environ, whence every worker inherits it

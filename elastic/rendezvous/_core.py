@@ -24,6 +24,9 @@ by :meth:`Rendezvous.close`.  The rules are torch's (``dynamic_rendezvous.py``):
   else to the *redundancy list*, where it waits without a deadline for a place to free;
 * a member asking for a new round (its group restarts), or a member's death, opens the
   next round; every live member, waiting and redundant node joins it;
+* a node that crashed (:meth:`Rendezvous.crash`) stops acting at once — it joins no
+  further round — but what it wrote stays until its lease expires (:meth:`Rendezvous.leave`):
+  until then it still counts where it had joined, as its leased keys do in the store;
 * a node that joined an open round and is not in a complete one ``join_timeout`` later
   times out.
 
@@ -218,6 +221,7 @@ class Rendezvous(Record):
 
     __slots__ = (
         "closed_round_phase",
+        "crashed",
         "deadline",
         "joined",
         "members",
@@ -238,6 +242,7 @@ class Rendezvous(Record):
     redundancy_list: set[str]
     deadline: float | None
     closed_round_phase: Phase | None
+    crashed: set[str]
 
     def __init__(
         self,
@@ -251,6 +256,7 @@ class Rendezvous(Record):
         redundancy_list: set[str] | None = None,
         deadline: float | None = None,
         closed_round_phase: Phase | None = None,
+        crashed: set[str] | None = None,
     ) -> None:
         self.settings = settings
         self.round = round
@@ -262,6 +268,7 @@ class Rendezvous(Record):
         self.redundancy_list = set() if redundancy_list is None else redundancy_list
         self.deadline = deadline
         self.closed_round_phase = closed_round_phase
+        self.crashed = set() if crashed is None else crashed
 
     def status(self, node: str) -> NodeStatus:
         if node in self.joined:
@@ -282,6 +289,11 @@ class Rendezvous(Record):
         """``node`` left gracefully or its lease expired."""
         return self._node_event(Event.LEAVE, node, now)
 
+    def crash(self, node: str, now: float) -> list[Action]:
+        """``node`` died: it acts no more; its entries stay until :meth:`leave` (expiry)."""
+        self.crashed.add(node)
+        return []
+
     def tick(self, now: float) -> list[Action]:
         return _GLOBAL[(self.phase, Event.TICK)](self, now)
 
@@ -293,7 +305,10 @@ class Rendezvous(Record):
         handler = _TABLE.get((self.phase, status, event))
         if handler is None:
             raise IllegalTransition(self.phase, status, event, node)
-        return handler(self, node, now)
+        out = handler(self, node, now)
+        if event is Event.LEAVE:
+            self.crashed.discard(node)  # gone for good: a new incarnation may join
+        return out
 
     # -- transitions (only called through the tables) -------------------------------
     def _add(self, node: str, now: float) -> list[Action]:
@@ -336,7 +351,7 @@ class Rendezvous(Record):
 
     def _open_next(self, now: float, rejoining: Iterable[str]) -> list[Action]:
         """The complete round ends; everyone still interested joins the next one."""
-        nodes = sorted(set(rejoining) | self.wait_list | self.redundancy_list)
+        nodes = sorted((set(rejoining) | self.wait_list | self.redundancy_list) - self.crashed)
         self.previous = self.members
         self.round += 1
         self.phase = Phase.OPEN

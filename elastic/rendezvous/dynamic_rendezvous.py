@@ -726,9 +726,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 attempt = last_call_end  # enough nodes; the last call is still on
                 continue
             # Joiners died below min_nodes: wait for another to arrive, then a fresh last
-            # call (torch clears the deadline below min and sets it again at min).
+            # call (torch clears the deadline below min and sets it again at min).  The
+            # whole control prefix, so that a close (the state key) wakes us too.
             try:
-                await store.watch(self._rk(r, ""), rev, max(0.0, deadline - clock.now()))
+                await store.watch(self._c, rev, max(0.0, deadline - clock.now()))
             except TimeoutError:
                 continue
             attempt = clock.now()

@@ -32,8 +32,11 @@ set up once per :meth:`run_async` and torn down in its ``finally``:
   ``hang_timeout`` seconds makes the group UNHEALTHY (an ``agent.hang`` event names the
   stuck local and global ranks), which restarts it like a failure;
 * **GPU health** — before every (re)start, :func:`elastic.gpu.check_node_health` when
-  NVML is present and sees GPUs; an unhealthy GPU refuses the start.  Without NVML the
-  CPU path runs and says so once;
+  NVML is present and sees GPUs; an unhealthy GPU refuses the start.  While the group
+  runs the same check is sampled every ``spec.monitor_interval`` seconds (torch's flag:
+  the period of the checks that must be sampled, DESIGN §2): a GPU that turns unhealthy
+  makes the group UNHEALTHY (an ``agent.gpu_check`` event says why).  Without NVML the CPU
+  path runs, samples nothing, and says so once;
 * **health endpoint** — ``TORCHELASTIC_HEALTH_CHECK_PORT`` (0..65535; a bad value or a
   port in use is one logged line and the job runs without it) serves ``/health`` and
   ``/metrics`` (:mod:`elastic.agent.server.health_check_server`, which bounds its
@@ -151,6 +154,25 @@ class _HangWatch:
         )
 
 
+class _GpuWatch:
+    """A :class:`~elastic.agent.server.api.HealthWatch` sampling NVML health every
+    ``monitor_interval`` seconds while the group runs (NVML has no event to await)."""
+
+    def __init__(self, agent: LocalElasticAgent) -> None:
+        self._agent = agent
+
+    async def wait_unhealthy(self, group: WorkerGroup) -> str:
+        agent = self._agent
+        clock = agent.clock
+        while not agent._nvml_absent:
+            await clock.sleep(group.spec.monitor_interval)
+            verdict = await agent._check_gpus(sampled=True)
+            if verdict is not None:
+                return verdict
+        await clock.event().wait()  # no NVML on this host: never unhealthy by GPU
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
 class LocalElasticAgent(SimpleElasticAgent):
     """The single-node agent on real processes (torch's constructor, plus keywords).
 
@@ -205,7 +227,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             workers=workers,
             events=events,
             node=node if node is not None else _default_node(),
-            health_watches=[self._hang] if self._hang is not None else None,
+            health_watches=[
+                *([self._hang] if self._hang is not None else []),
+                *([_GpuWatch(self)] if gpu_check else []),
+            ],
             pre_start_checks=[self._check_gpus] if gpu_check else None,
             env_hooks=[self._torch_env],
         )
@@ -518,8 +543,11 @@ class LocalElasticAgent(SimpleElasticAgent):
         if self._progress_source is not None:
             env.update(self._progress_source.env_for(worker.local_rank))
 
-    async def _check_gpus(self) -> str | None:
-        """Refuse to start on unhealthy GPUs; None (go) without NVML or without GPUs."""
+    async def _check_gpus(self, *, sampled: bool = False) -> str | None:
+        """Refuse to start on unhealthy GPUs; None (go) without NVML or without GPUs.
+
+        ``sampled``: the periodic check while the group runs, which records an event only
+        when it finds a GPU unhealthy (not every ``monitor_interval``)."""
         if self._nvml_absent:
             return None  # NVML does not appear while the agent runs
         if not os.path.exists(NVIDIA_CONTROL_DEVICE):
@@ -541,7 +569,8 @@ class LocalElasticAgent(SimpleElasticAgent):
             return None
         if not report.gpus:
             return None
-        self._emit("agent.gpu_check", healthy=report.healthy, message=report.message)
+        if not sampled or not report.healthy:
+            self._emit("agent.gpu_check", healthy=report.healthy, message=report.message)
         return None if report.healthy else report.message
 
     def _log_watchdog_event(self, name: str, request: Any) -> None:
