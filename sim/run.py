@@ -203,6 +203,8 @@ def _apply(c: Cluster, f: Fault, index: int) -> None:
     node = c.nodes.get(f.node) if f.node is not None else None
     if f.node is not None:
         fields["target"] = f.node
+    if f.category is not None:
+        fields["category"] = f.category  # from failures: (sim/failures.py), for the report
     applied = True
     k = f.kind
     if k is FaultKind.WORKER_CRASH or k is FaultKind.WORKER_HANG:

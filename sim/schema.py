@@ -33,6 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from sim import failures as gen
 from sim import scenario as loader
 from sim.durations import DURATION_EXPECTED
 from sim.expect import COUNT_KEYS, EXPECT_KEYS, SECONDS_KEYS, ExpectedState
@@ -184,6 +185,7 @@ def _fault_schemas() -> list[dict[str, Any]]:
             else:
                 props["at"] = _reader_schema(loader._Duration())
                 required.append("at")
+            props["category"] = _optional(_reader_schema(loader._Text()))
             for name, need in params.items():
                 schema = _reader_schema(loader._param_reader(name, widest))
                 needed = need is loader._Need.REQUIRED or (need is loader._Need.TARGET and not rate)
@@ -202,6 +204,71 @@ def _fault_schemas() -> list[dict[str, Any]]:
                 }
             )
     return out
+
+
+def _failures_schema() -> dict[str, Any]:
+    """``failures:``: a preset's name, or streams of categories (sim/failures.py's tables)."""
+    widest = loader.Cluster(nodes=1, nproc_per_node=1)
+    repairs: list[dict[str, Any]] = [_reader_schema(loader._Duration())]
+    for dist, keys in gen._DIST_KEYS.items():
+        props: dict[str, Any] = {"dist": {"const": dist.value}}
+        for key in keys:
+            props[key] = (
+                _reader_schema(loader._Real(0.0, 10.0))
+                if key == "sigma"
+                else _reader_schema(loader._Duration())
+            )
+        repairs.append(
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["dist", *keys],
+                "properties": props,
+            }
+        )
+    category_props: dict[str, Any] = {
+        "name": _reader_schema(loader._Text()),
+        "weight": _optional(_reader_schema(loader._Real(0.0, 1e12, lo_open=True))),
+        "kind": {"enum": [k.value for k in gen.FAILURE_KINDS]},
+        "repair": _optional({"anyOf": repairs}),
+    }
+    for key in ("notice", "factor", "exit_code"):
+        category_props[key] = _optional(_reader_schema(loader._param_reader(key, widest)))
+    assert list(category_props) == list(gen._CATEGORY_KEYS)
+    category = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "kind"],
+        "properties": category_props,
+    }
+    stream_props: dict[str, Any] = {
+        "mtbf": _reader_schema(loader._Duration(positive=True)),
+        "per": _optional(_reader_schema(loader._Choice(gen.Unit))),
+        "categories": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": gen._MAX_CATEGORIES,
+            "items": category,
+        },
+    }
+    assert list(stream_props) == list(gen._STREAM_KEYS)
+    stream = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["mtbf", "categories"],
+        "properties": stream_props,
+    }
+    return {
+        "anyOf": [
+            {"enum": sorted(gen.PRESETS), "description": "a named failure model"},
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "minProperties": 1,
+                "properties": {key: _optional(stream) for key in gen._MODEL_KEYS},
+            },
+        ]
+    }
 
 
 def _expect_schema() -> dict[str, Any]:
@@ -241,6 +308,8 @@ def scenario_schema() -> dict[str, Any]:
         elif key == "faults":
             fault = {"oneOf": _fault_schemas()}
             props[key] = _optional({"type": "array", "maxItems": loader.MAX_FAULTS, "items": fault})
+        elif key == "failures":
+            props[key] = _optional(_failures_schema())
         elif key == "expect":
             props[key] = _optional(_expect_schema())
         else:
