@@ -145,6 +145,9 @@ def simulate(
         nproc_per_node=sc.cluster.nproc_per_node,
         steps=job.steps,
         step_time=job.step_time,
+        # for the report's checkpoint overhead and ETTR (sim/losses.py)
+        checkpoint_every=job.checkpoint_every,
+        checkpoint_time=job.checkpoint_time,
         until=sc.until,
         backend=sc.rendezvous.backend.value,
     )
