@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 from elastic.errors import ConfigError
 from sim.calibration import apply_calibration, load_calibration, scenario_calibration
 from sim.expect import check
+from sim.losses import summary_rows
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
 
@@ -169,6 +170,7 @@ def _human(report: dict[str, Any], failures: list[str]) -> str:
         ("run time", f"{report['sim_time_s']:.3f} s ({report['sim_time_s'] / 3600:.2f} h)"),
         ("steps done", report["steps_done"]),
         ("goodput", f"{report['goodput']:.4f}"),
+        *summary_rows(report),
         ("world size", report["world_size"]),
         ("restarts (budget)", report["restarts"]),
         ("membership restarts", report["membership_restarts"]),

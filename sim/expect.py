@@ -49,7 +49,7 @@ COUNT_KEYS = (
 #: Report keys whose values are seconds (numbers; durations like ``2m`` are accepted).
 SECONDS_KEYS = ("sim_time_s", "recovery_s_max")
 #: Every key ``expect:`` accepts, in the order they are checked and written.
-EXPECT_KEYS = ("state", *COUNT_KEYS, *SECONDS_KEYS, "goodput")
+EXPECT_KEYS = ("state", *COUNT_KEYS, *SECONDS_KEYS, "goodput", "ettr")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +104,8 @@ class Expectation:
     sim_time_s: Bound | None = None
     recovery_s_max: Bound | None = None
     goodput: Bound | None = None
+    # effective training time ratio (sim/losses.py), a fraction like goodput
+    ettr: Bound | None = None
 
     def items(self) -> Iterator[tuple[str, ExpectedState | Bound]]:
         """The expectations that are set, as ``(key, value)`` in :data:`EXPECT_KEYS` order."""

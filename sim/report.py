@@ -19,6 +19,9 @@ Definitions:
   training ran again (a new world formed); ``recovery_s_max`` its maximum.
 * ``hangs_detected`` — groups declared UNHEALTHY plus workers reaped by a timer.
 * ``faults`` — the faults injected that hit something, by kind (simulated runs).
+* ``ettr``, ``productive_s``, ``lost_s``, ``lost_by_category``, ``lost_by_fault`` — where
+  the time went (detection, stopping, waiting for nodes, rendezvous, start-up, rework,
+  checkpoints) and the effective training time ratio (simulated runs; :mod:`sim.losses`).
 * ``why`` — for a run that did not succeed, one line per cause (see :class:`_Causes`).
 * a real run's log (no ``sim.start``) has no seed, steps, goodput or simulated time:
   ``run_time_s`` (first to last event), ``world_sizes`` and ``nodes`` instead.
@@ -30,6 +33,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from elastic.events import AgentEvent
+from sim.losses import LostTime
 
 __all__ = ["REPORT_KEYS", "build_report"]
 
@@ -187,10 +191,12 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
     world_sizes: list[int] = []
     hangs = 0
     causes = _Causes()
+    losses = LostTime()
     faults: dict[str, int] = {}
     for e in events:
         count += 1
         causes.see(e)
+        losses.see(e)
         if e.kind == "sim.fault" and e.fields.get("applied", True):
             kind = str(e.fields.get("fault", "fault"))
             faults[kind] = faults.get(kind, 0) + 1
@@ -274,4 +280,6 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
         "final_nodes": int(end.get("final_nodes", len(finished_nodes))),
         "faults": dict(sorted(faults.items())),
         "seed": start.get("seed", 0),
+        # where the time went, and ETTR beside goodput (sim/losses.py)
+        **losses.result(end_t + t0),
     }

@@ -19,6 +19,7 @@ from elastic.rendezvous import get_rendezvous_handler
 from elastic.rendezvous.api import RendezvousContext, RendezvousHandler, RendezvousParameters
 from sim.calibration import Calibration, ModelLatencies
 from sim.clock import SimClock
+from sim.gcpause import quiet_gc
 from sim.report import build_report
 from sim.scenario import Fault, FaultKind, RendezvousBackend, Scenario, expand_faults, fault_rng
 from sim.store import SimStoreHost
@@ -145,6 +146,9 @@ def simulate(
         nproc_per_node=sc.cluster.nproc_per_node,
         steps=job.steps,
         step_time=job.step_time,
+        # for the report's checkpoint overhead and ETTR (sim/losses.py)
+        checkpoint_every=job.checkpoint_every,
+        checkpoint_time=job.checkpoint_time,
         until=sc.until,
         backend=sc.rendezvous.backend.value,
     )
@@ -158,7 +162,8 @@ def simulate(
     if progress is not None:
         progress(0.0, sc.until)
         clock.env.process(_ticker(clock.env, sc.until, progress, ticks))
-    clock.env.run(until=AnyOf(clock.env, [cluster.finished._ev, deadline]))  # type: ignore[attr-defined]
+    with quiet_gc():  # the collector took half the CPU at 2,048 nodes (sim/gcpause.py)
+        clock.env.run(until=AnyOf(clock.env, [cluster.finished._ev, deadline]))  # type: ignore[attr-defined]
     reason = "done" if cluster.finished.is_set() else "until"
     cluster.emit(
         "sim.end",
@@ -203,6 +208,8 @@ def _apply(c: Cluster, f: Fault, index: int) -> None:
     node = c.nodes.get(f.node) if f.node is not None else None
     if f.node is not None:
         fields["target"] = f.node
+    if f.category is not None:
+        fields["category"] = f.category  # from failures: (sim/failures.py), for the report
     applied = True
     k = f.kind
     if k is FaultKind.WORKER_CRASH or k is FaultKind.WORKER_HANG:

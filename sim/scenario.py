@@ -63,13 +63,16 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import yaml
 
 from elastic.errors import ConfigError
 from sim.durations import DURATION_EXPECTED, format_duration, parse_duration
 from sim.expect import COUNT_KEYS, EXPECT_KEYS, SECONDS_KEYS, Bound, Expectation, ExpectedState
+
+if TYPE_CHECKING:
+    from sim.failures import FailureModel
 
 __all__ = [
     "DEFAULT_UNTIL",
@@ -232,6 +235,8 @@ class Fault:
     duration: float | None = None
     nodes: tuple[int, ...] | None = None
     factor: float | None = None
+    # the failure category a ``failures:`` generator drew it from (sim/failures.py), if any
+    category: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +260,8 @@ class RateFault:
     duration: float | None = None
     nodes: tuple[int, ...] | None = None
     factor: float | None = None
+    # the failure category a ``failures:`` generator drew it from (sim/failures.py), if any
+    category: str | None = None
 
 
 # Names shared by Fault and RateFault after their timing fields, in the order they are written.
@@ -268,6 +275,7 @@ _PARAM_FIELDS = (
     "duration",
     "nodes",
     "factor",
+    "category",
 )
 
 
@@ -329,6 +337,8 @@ class Scenario:
     # a calibration file (``elastic calibrate``), as written in the scenario; relative to
     # the scenario's directory (see :mod:`sim.calibration`)
     calibration: str = ""
+    # ``failures:``: failure generators on published rates (sim/failures.py)
+    failures: FailureModel | None = None
 
     def with_seed(self, seed: int) -> Scenario:
         """This scenario with another seed (``elastic sim --seed``); refuses a negative seed."""
@@ -337,13 +347,17 @@ class Scenario:
         return replace(self, seed=seed)
 
     def with_faults(self, faults: Iterable[Fault | RateFault]) -> Scenario:
-        """This scenario with ``faults`` instead (e.g. the output of :func:`expand_faults`)."""
-        return replace(self, faults=tuple(faults))
+        """This scenario with ``faults`` instead (e.g. the output of :func:`expand_faults`).
+
+        They replace every source of faults: ``failures:`` too, whose draws
+        :func:`expand_faults` includes.
+        """
+        return replace(self, faults=tuple(faults), failures=None)
 
     @property
     def has_rate_faults(self) -> bool:
         """Whether some faults are drawn at random (so the run depends on the seed's draws)."""
-        return any(isinstance(f, RateFault) for f in self.faults)
+        return self.failures is not None or any(isinstance(f, RateFault) for f in self.faults)
 
     def to_dict(self) -> dict[str, Any]:
         """The scenario in the file's schema (plain dicts, lists, str and numbers)."""
@@ -391,6 +405,8 @@ class Scenario:
         out["store"] = {"latency": format_duration(self.store.latency)}
         if self.calibration:
             out["calibration"] = self.calibration
+        if self.failures is not None:
+            out["failures"] = self.failures.to_data()
         out["faults"] = [_fault_to_dict(f) for f in self.faults]
         expect: dict[str, Any] = {}
         for key, wanted in self.expect.items():
@@ -851,6 +867,7 @@ _TOP_KEYS = (
     "rendezvous",
     "store",
     "faults",
+    "failures",
     "expect",
     "calibration",
 )
@@ -929,6 +946,12 @@ class _ScenarioReader:
         store = self._store(top)
         rendezvous = self._rendezvous(top, cluster)
         faults = self._faults(top, cluster, rendezvous, until)
+        failures = None
+        failures_node = top.value_node("failures")
+        if failures_node is not None:
+            from sim.failures import read_failures  # it imports this module's readers
+
+            failures = read_failures(self.ctx, failures_node, cluster, until)
         expect = self._expect(top)
         calibration = top.get("calibration", _Text(), "")
         return Scenario(
@@ -945,6 +968,7 @@ class _ScenarioReader:
             expect=expect,
             source=source,
             calibration=calibration,
+            failures=failures,
         )
 
     def _section(self, top: _Map, key: str, required: bool) -> _Map | None:
@@ -1153,7 +1177,7 @@ class _ScenarioReader:
             )
         timing = ("kind", "every", "from", "to") if is_rate else ("at", "kind")
         m.check_keys(
-            (*timing, *params),
+            (*timing, *params, "category"),
             f"a key of a {'rate ' if is_rate else ''}{kind.value} fault",
             {k: "to rate faults (with every:)" for k in ("from", "to")} if not is_rate else {},
         )
@@ -1201,6 +1225,7 @@ class _ScenarioReader:
             if value is None and name in _FIELD_DEFAULTS:
                 value = _FIELD_DEFAULTS[name]
             values[name] = value
+        values["category"] = m.opt("category", _Text())
         node_value = values.get("node")
         if isinstance(node_value, int):
             refs.append(_NodeRef(index, at, node_value, m.line_of("node"), m.sub("node")))
@@ -1400,6 +1425,16 @@ def expand_faults(scenario: Scenario, rng: random.Random) -> list[Fault]:
                     f"faults[{index}]: drew more than {2 * MAX_EXPANDED_FAULTS} faults; "
                     "expected fewer (raise every or narrow from/to)",
                 )
+    if scenario.failures is not None:
+        from sim.failures import generate  # it imports this module's readers
+
+        # indices below 0 (-1 unexpected, -2 planned): their own target generators, which
+        # adding a fault to the file does not shift
+        streams = {"unexpected": -1, "planned": -2}
+        for at, stream, sequence, template in generate(
+            scenario.failures, scenario.cluster, 0.0, scenario.until, base
+        ):
+            occurrences.append((at, streams[stream], sequence, template))
     occurrences.sort(key=lambda o: (o[0], o[1], o[2]))
     targets: dict[int, random.Random] = {}
     existing = scenario.cluster.nodes + scenario.cluster.spare_nodes
@@ -1408,7 +1443,8 @@ def expand_faults(scenario: Scenario, rng: random.Random) -> list[Fault]:
         if isinstance(spec, Fault):
             fault = spec
         else:
-            draw = targets.setdefault(index, random.Random(f"{base}/{index}/targets"))
+            key = f"{base}/{index}/targets" if index >= 0 else f"{base}/failures{index}/targets"
+            draw = targets.setdefault(index, random.Random(key))
             fault = _draw(spec, at, draw, existing, scenario.cluster.nproc_per_node)
         if fault.kind is FaultKind.NODE_JOIN:
             existing += fault.count or 1

@@ -122,6 +122,7 @@ def test_expectation_lists_every_report_key_the_scenario_accepts() -> None:
         "steps_done",
         "sim_time_s",
         "goodput",
+        "ettr",
         "events",
         "recovery_s_max",
         "recovery_count",

@@ -19,7 +19,14 @@ SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 SLOW = {"large_gpu_failures_every_3h.yaml"}
 
 
+# 2,048 nodes for 54 simulated days: about an hour of CPU and more memory than this machine
+# has at today's simulator speed (issue 16, item 1); run it with `elastic sim`
+TOO_SLOW = {"llama3_405b.yaml"}
+
+
 def _param(p: Path) -> object:
+    if p.name in TOO_SLOW:
+        return pytest.param(p, id=p.stem, marks=pytest.mark.skip(reason="an hour of CPU"))
     marks = [pytest.mark.slow, pytest.mark.timeout(600)] if p.name in SLOW else []
     return pytest.param(p, id=p.stem, marks=marks)
 

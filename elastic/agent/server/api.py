@@ -592,11 +592,14 @@ class SimpleElasticAgent(ElasticAgent):
     async def _initialize_workers(self, wg: WorkerGroup) -> None:
         try:
             while True:
-                await self._rendezvous(wg)
+                # checked before joining, not after: a node that cannot start its workers
+                # must not be in the round, or every other node forms it, starts, and
+                # forms another without it (issue 16: three rounds per GPU failure)
                 refusal = await self._pre_start_refusal()
                 if refusal is not None:
                     self._emit("agent.refused_start", reason=refusal)
                     raise WorkerStartRefused(refusal)
+                await self._rendezvous(wg)
                 await self._start_workers(wg)
                 return
         except BaseException:

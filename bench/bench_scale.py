@@ -1,0 +1,105 @@
+"""The simulator at scale: wall and CPU time, peak memory and simulated events per node per
+job restart, for N nodes x 8 workers at the Llama 3 405B failure rates (the llama3-405b
+preset) over D simulated days.  Each configuration runs in a fresh process (peak RSS is the
+process's own).  Run:
+
+    python bench/bench_scale.py --nodes 512 2048 --days 1 [--no-gc-tuning]
+
+Writes bench/results/scale.md (appends the rows it measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def scenario(nodes: int, days: float) -> str:
+    return f"""name: bench llama3 rates, {nodes} x 8, {days} d
+seed: 1
+until: {days}d
+cluster: {{nodes: {nodes}, nproc_per_node: 8, spare_nodes: {max(4, nodes // 128)}}}
+job: {{steps: 100000000, step_time: 6s, startup_time: 5m,
+      checkpoint_every: 300, checkpoint_time: 1m}}
+rendezvous: {{min_nodes: {nodes}, max_nodes: {nodes}, join_timeout: 1h}}
+agent: {{max_restarts: 100000}}
+failures: llama3-405b
+"""
+
+
+def _one(nodes: int, days: float, gc_tuning: bool) -> dict[str, object]:
+    import sim.gcpause
+    from sim.run import simulate
+    from sim.scenario import load_scenario_text
+
+    sim.gcpause.ENABLED = gc_tuning
+    sc = load_scenario_text(scenario(nodes, days), "bench")
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    report = simulate(sc).report
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    rounds = int(report["rendezvous_rounds"])  # type: ignore[call-overload]
+    sim_events = int(report["sim_events"])  # type: ignore[call-overload]
+    restarts = max(rounds - 1, 1)
+    return {
+        "nodes": nodes,
+        "days": days,
+        "gc_tuning": gc_tuning,
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "faults": sum(report["faults"].values()),  # type: ignore[attr-defined]
+        "rendezvous_rounds": rounds,
+        "sim_events": sim_events,
+        "events_per_node_per_restart": round(sim_events / restarts / nodes, 1),
+        "logged_events": report["events"],
+        "state": report["state"],
+        "ettr": report["ettr"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, nargs="+", default=[512, 2048])
+    ap.add_argument("--days", type=float, nargs="+", default=[1.0])
+    ap.add_argument("--no-gc-tuning", action="store_true")
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(_one(args.nodes[0], args.days[0], not args.no_gc_tuning)))
+        return
+    rows = []
+    for nodes in args.nodes:
+        for days in args.days:
+            cmd = [sys.executable, __file__, "--one", "--nodes", str(nodes), "--days", str(days)]
+            if args.no_gc_tuning:
+                cmd.append("--no-gc-tuning")
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+            row = json.loads(out.stdout)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    keys = list(rows[0])
+    lines = [
+        f"<!-- python bench/bench_scale.py {' '.join(sys.argv[1:])} on {platform.machine()}, "
+        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d')} -->",
+        "| " + " | ".join(keys) + " |",
+        "|" + "---|" * len(keys),
+        *("| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows),
+        "",
+    ]
+    path = ROOT / "bench" / "results" / "scale.md"
+    if not path.exists():
+        path.write_text("# The simulator at scale (bench/bench_scale.py)\n\n")
+    with path.open("a") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
