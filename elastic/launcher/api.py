@@ -328,6 +328,22 @@ async def _run_on_store(
         except (NotADirectoryError, OSError) as e:
             raise ConfigError("--log-dir", f"got {config.log_dir!r}; {e}") from None
 
+    recorder: EventSink | None = None
+    if config.event_log_handler != "null":
+        # torch records its worker-status and rendezvous events through this handler
+        from elastic.events.api import RecordSink, handler_names
+
+        try:
+            recorder = RecordSink(
+                config.event_log_handler, params.run_id, config.rdzv_backend, fqdn()
+            )
+        except KeyError:
+            raise ConfigError(
+                "--event-log-handler",
+                f"got {config.event_log_handler!r}; expected one of {', '.join(handler_names())}",
+            ) from None
+
+    # the handler is checked first: a refused name must not leave the event file open
     event_file: IO[str] | None = None
     events: EventSink | None = None
     if config.event_log:
@@ -340,22 +356,10 @@ async def _run_on_store(
                 "--event-log", f"got {config.event_log!r}; cannot write it: {e.strerror}"
             ) from None
         events = StreamSink(event_file)
-    if config.event_log_handler != "null":
-        # torch records its worker-status and rendezvous events through this handler
+    if recorder is not None:
         from elastic.events import TeeSink
-        from elastic.events.api import RecordSink, handler_names
 
-        try:
-            recorder = RecordSink(
-                config.event_log_handler, params.run_id, config.rdzv_backend, fqdn()
-            )
-        except KeyError:
-            raise ConfigError(
-                "--event-log-handler",
-                f"got {config.event_log_handler!r}; expected one of {', '.join(handler_names())}",
-            ) from None
         events = recorder if events is None else TeeSink(events, recorder)
-
     extra_env = dict(config.extra_env)
     # torch puts this in the agent's os.environ, whence every worker inherits it
     extra_env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
