@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from elastic.rendezvous import RendezvousInfo
-from elastic.rendezvous.dynamic import (
+from elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousSettings,
     RendezvousTimeout,

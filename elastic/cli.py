@@ -3,7 +3,12 @@
 ``elastic run`` is built in (torchrun's drop-in, :mod:`elastic.run`).  Other
 subcommands are plugins found through the ``elastic.commands`` entry-point group —
 ``elastic sim`` comes from the simulator package this way, so the agent package never
-imports the simulator.
+imports the simulator.  ``elastic --help`` lists every command found, with the first
+line of its function's docstring; ``elastic --version`` prints the version.
+
+A plugin command never ends in a traceback for the two things a user does to any
+command: a closed output pipe (``elastic sim … | head``) ends it quietly with 141, as a
+tool killed by SIGPIPE; Ctrl-C prints one line and exits 130.
 """
 
 from __future__ import annotations
@@ -15,15 +20,9 @@ from collections.abc import Callable, Sequence
 
 __all__ = ["entry", "main"]
 
-USAGE = """usage: elastic {sim,run,report,real,compare,calibrate} ...
-
-  elastic sim SCENARIO.yaml [--seed N] [--json]   run a failure scenario in the simulator
-  elastic run [torchrun flags] SCRIPT [ARGS...]    launch real workers, like torchrun
-  elastic report EVENTS.jsonl [--json]             the report of a real or simulated run
-  elastic real SCENARIO.yaml [--time-scale K]      run a scenario on real processes
-  elastic compare SCENARIO.yaml [--time-scale K]   the same scenario in both worlds
-  elastic calibrate [-o FILE]                      measure this machine for the simulator
-"""
+DIST_NAME = "elastic-sim-agent"
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C ended
+RUN_HELP = "Launch real workers and restart them on failure, like torchrun (its flags)."
 
 
 def _plugins() -> dict[str, Callable[[Sequence[str]], int]]:
@@ -35,24 +34,82 @@ def _plugins() -> dict[str, Callable[[Sequence[str]], int]]:
 
 def run_main(argv: Sequence[str]) -> int:
     launcher = importlib.import_module("elastic.run")
-    code: int = launcher.main(list(argv))
+    code: int = launcher.cli_main(list(argv))
     return code
+
+
+def usage(plugins: dict[str, Callable[[Sequence[str]], int]]) -> str:
+    """``elastic --help``: every command, built in or plugin, with one line each."""
+    helps = {"run": RUN_HELP}
+    for name, fn in plugins.items():
+        doc = (fn.__doc__ or "").strip().splitlines()
+        helps.setdefault(name, doc[0] if doc else "")
+    names = sorted(helps)
+    width = max(len(n) for n in names)
+    lines = [
+        f"usage: elastic {{{','.join(names)}}} ...",
+        "",
+        "commands:",
+        *(f"  {n:<{width}}  {helps[n]}" for n in names),
+        "",
+        "options:",
+        "  -h, --help  show this and exit",
+        "  --version   print the version and exit",
+        "",
+        "`elastic COMMAND --help` shows a command's flags.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def version() -> str:
+    from elastic import __version__
+
+    return f"{DIST_NAME} {__version__} (import package: elastic)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--version"]:
+        print(version())
+        return 0
     if not args or args[0] in ("-h", "--help"):
-        print(USAGE, end="")
+        text = usage(_plugins())
+        print(text, end="", file=sys.stdout if args else sys.stderr)
         return 0 if args else 2
     cmd, rest = args[0], args[1:]
     if cmd == "run":
         return run_main(rest)
     plugins = _plugins()
     if cmd in plugins:
-        return plugins[cmd](rest)
+        return _guarded(cmd, plugins[cmd], rest)
     known = ", ".join(sorted({"run", *plugins}))
     print(f"elastic: unknown command {cmd!r}; expected one of {known}", file=sys.stderr)
     return 2
+
+
+def _guarded(name: str, command: Callable[[Sequence[str]], int], argv: Sequence[str]) -> int:
+    """Run a plugin command; a closed output pipe or Ctrl-C ends it without a traceback."""
+    try:
+        code = command(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE: what the shell shows for a tool SIGPIPE killed
+    except KeyboardInterrupt:
+        print(f"\nelastic {name}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _silence_stdout() -> None:
+    # the reader is gone: stdout's buffered rest would fail again at exit ("Exception
+    # ignored ... BrokenPipeError"), so it goes to /dev/null instead
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def entry() -> None:
@@ -61,11 +118,13 @@ def entry() -> None:
     ``elastic run`` leaves without the interpreter's teardown (``os._exit`` once its
     output is flushed): by then its workers are stopped, its files closed and its
     sidecar told to go, and walking a few hundred modules and their objects to free
-    them would only delay the exit status a launcher waits for (≈3 ms).  Other commands
-    (and an exception, which prints its traceback) exit the ordinary way.
+    them would only delay the exit status a launcher waits for (≈3 ms).  An interrupted
+    plugin command (130) leaves the same way: its half-run work (a simulation's suspended
+    coroutines) has nothing to close, and collecting it at exit would print warnings
+    after the one line said.  Other commands exit the ordinary way.
     """
     code = main()
-    if sys.argv[1:2] == ["run"]:
+    if sys.argv[1:2] == ["run"] or code == INTERRUPTED:
         logging = sys.modules.get("logging")
         if logging is not None:
             logging.shutdown()

@@ -3,9 +3,11 @@
 ::
 
     ElasticError                         — root: catch this to catch everything of ours
-    ├── ConfigError                      — bad user input (flag, file, scenario); one line
+    ├── ConfigError (also a ValueError)  — bad user input (flag, file, scenario); one line
     ├── StoreError                       — the store failed an operation
-    │   └── StoreClosedError             — the store was shut down
+    │   ├── StoreClosedError             — the store was shut down
+    │   └── real.netstore_protocol.ProtocolError — bytes that are not the network
+    │                                      store's protocol (a peer's bug or an attack)
     ├── rendezvous.RendezvousError       — (elastic.rendezvous.api) torch's names:
     │   ├── RendezvousClosedError
     │   ├── RendezvousTimeoutError
@@ -18,19 +20,34 @@
 Every class keeps all of its fields in ``args`` (simpy rebuilds an exception from its
 ``args`` when it leaves a process), and every message says what to do.
 ``TimeoutError`` (the builtin) is raised for timeouts on the ports, in both worlds.
+
+Where torch raises a builtin exception for the same mistake, ours derives from it too,
+so a torch user's ``except`` keeps working: :class:`ConfigError` is a ``ValueError``
+(torch raises ``ValueError`` for bad launcher and rendezvous input).
 """
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "ElasticError", "StoreClosedError", "StoreError"]
+__all__ = ["ConfigError", "ElasticError", "StoreClosedError", "StoreError", "one_line"]
 
 
 class ElasticError(Exception):
     """Root of the errors raised by elastic."""
 
 
-class ConfigError(ElasticError):
-    """Bad input: ``where`` (file:line or --flag), ``value`` and what was ``expected``."""
+def one_line(text: str) -> str:
+    """``text`` with control characters escaped (a newline as ``\\n``, ESC as ``\\x1b``):
+    one line, and nothing for a terminal to act on."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+class ConfigError(ElasticError, ValueError):
+    """Bad input: ``where`` (file:line or --flag), ``value`` and what was ``expected``.
+
+    A ``ValueError`` too, as torch's errors for the same input are.
+    """
 
     def __init__(self, where: str, message: str) -> None:
         super().__init__(where, message)
@@ -38,7 +55,8 @@ class ConfigError(ElasticError):
         self.message = message
 
     def __str__(self) -> str:
-        return f"{self.where}: {self.message}"
+        # one line whatever the input put in it (a key or a path may hold a newline)
+        return one_line(f"{self.where}: {self.message}")
 
 
 class StoreError(ElasticError):

@@ -20,6 +20,10 @@ Invariants
   (the owner stopped renewing) or after its last :meth:`_Lease.refresh`, at once on
   :meth:`_Lease.revoke`.  Expiry is one timer per abandoned lease, never a sweep; a
   refresh moves the deadline and the same timer sleeps on.
+* While expiry is paused (:meth:`MemoryStore.pause_expiry`: the store's host is down, so
+  nothing runs to expire a lease) no lease expires; when it resumes every abandoned lease
+  expires no sooner than ``ttl`` after the resume — as etcd's new leader extends every
+  lease by its full TTL when it takes over (``lessor.Promote``).
 """
 
 from __future__ import annotations
@@ -89,12 +93,17 @@ class _Lease(Lease):
             self.expires_at = self._store._clock.now() + self.ttl
 
     async def _expire_later(self, gen: int) -> None:
-        clock = self._store._clock
+        store = self._store
+        clock = store._clock
         await clock.sleep(self.ttl)
         while self._gen == gen and self.state == "abandoned":
-            left = (self.expires_at or 0.0) - clock.now()
+            if store._expiry_paused is not None:
+                await store._expiry_paused.wait()  # no store runs: nothing expires
+                continue
+            deadline = max(self.expires_at or 0.0, store._expiry_resumed_at + self.ttl)
+            left = deadline - clock.now()
             if left <= 0:
-                self._store._expire(self)
+                store._expire(self)
                 return
             await clock.sleep(left)  # refreshed meanwhile: sleep to the new deadline
 
@@ -120,6 +129,8 @@ class MemoryStore:
         self._watchers: dict[str, list[OneShot]] = {}
         self._next_lease = 1
         self._closed = False
+        self._expiry_paused: OneShot | None = None
+        self._expiry_resumed_at = float("-inf")
         self.stats = StoreStats()
 
     # -- internals ---------------------------------------------------------------
@@ -348,6 +359,18 @@ class MemoryStore:
         return int(value)
 
     # -- lifecycle -------------------------------------------------------------------
+    def pause_expiry(self) -> None:
+        """The store's host stopped: no lease expires until :meth:`resume_expiry`."""
+        if self._expiry_paused is None:
+            self._expiry_paused = self._clock.event()
+
+    def resume_expiry(self) -> None:
+        """The store runs again: every abandoned lease gets its full ``ttl`` from now."""
+        ev, self._expiry_paused = self._expiry_paused, None
+        if ev is not None:
+            self._expiry_resumed_at = self._clock.now()
+            ev.set()
+
     @property
     def revision(self) -> int:
         return self._revision

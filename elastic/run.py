@@ -7,6 +7,12 @@ that signal); 2 for bad input (one line naming the flag, the value and what was
 expected).  Like torchrun's ``@record``-decorated ``main``, a nested launch copies the
 root cause's error file to its own ``TORCHELASTIC_ERROR_FILE``.
 
+:func:`main` is torch's ``torch.distributed.run.main(args)``: it raises what torch
+raises (``ValueError`` — our :class:`~elastic.errors.ConfigError` — for bad input,
+``ChildFailedError`` when the job failed, ``SignalException`` when stopped) and returns
+``None``.  :func:`cli_main` is the command line's: it prints one line and returns the
+exit status above.
+
 The import path is kept light (no torch, no simulator; the agent's modules are
 imported only once the arguments are good): launch latency is a benchmark.
 """
@@ -23,7 +29,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from elastic.real.reaper import ReaperSidecar
 
-__all__ = ["main"]
+__all__ = ["cli_main", "main"]
 
 _PROG = "elastic run"
 
@@ -37,8 +43,17 @@ def _configure_logging() -> None:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(args: Sequence[str] | None = None) -> None:
+    """torch's ``run.main``: launch with ``args`` (default ``sys.argv[1:]``); raise on failure."""
+    _run(args, raising=True)
+
+
+def cli_main(argv: Sequence[str] | None = None) -> int:
     """Run ``elastic run`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    return _run(argv, raising=False)
+
+
+def _run(argv: Sequence[str] | None, raising: bool) -> int:
     # The reaper sidecar first (no orphans even if the agent is SIGKILLed; see
     # elastic.real.reaper): its interpreter starts on the CPU that the agent's
     # single-threaded imports below leave idle, instead of next to the workers later.
@@ -48,15 +63,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         reaper.start()
     except OSError as e:  # no process can be started here: neither could the workers
+        if raising:
+            raise
         print(f"{_PROG}: error: cannot start the reaper sidecar: {e}", file=sys.stderr)
         return 1
     try:
-        return _main(argv, reaper)
-    finally:
-        reaper.close()  # a no-op when the agent already let it go
+        code = _main(argv, reaper, raising)
+    except BaseException:
+        # the agent dies of its own exception (or torch's API raises a failure): the
+        # sidecar sweeps everything marked before it goes (a no-op when the agent
+        # already let it go)
+        reaper.close(sweep=True)
+        raise
+    reaper.close()  # a no-op when the agent already let it go
+    return code
 
 
-def _main(argv: Sequence[str] | None, reaper: ReaperSidecar) -> int:
+def _main(argv: Sequence[str] | None, reaper: ReaperSidecar, raising: bool) -> int:
     from elastic.errors import ConfigError
 
     _configure_logging()
@@ -73,9 +96,13 @@ def _main(argv: Sequence[str] | None, reaper: ReaperSidecar) -> int:
 
             config, cmd, cmd_args = parse(sys.argv[1:] if argv is None else list(argv))
         except ConfigError as e:
+            if raising:
+                raise
             print(f"{_PROG}: error: {e}", file=sys.stderr)
             return 2
         except SystemExit as e:  # argparse: --help (0) or a bad flag (2, one line printed)
+            if raising:
+                raise
             return e.code if isinstance(e.code, int) else 2
 
         from elastic.agent.server.local_elastic_agent import SignalException
@@ -91,12 +118,18 @@ def _main(argv: Sequence[str] | None, reaper: ReaperSidecar) -> int:
     try:
         elastic_launch(config, cmd, reaper=reaper)(*cmd_args)
     except ConfigError as e:
+        if raising:
+            raise
         print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 2
     except SignalException as e:
+        if raising:
+            raise
         print(f"{_PROG}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     except LaunchError as e:
+        if raising:
+            raise
         print(f"{_PROG}: error: {e}", file=sys.stderr)
         return 1
     except ElasticError as e:
@@ -106,11 +139,15 @@ def _main(argv: Sequence[str] | None, reaper: ReaperSidecar) -> int:
 
         if isinstance(e, ChildFailedError):
             _pass_root_cause_up(e)
+        if raising:
+            raise
         # the rest (the store or the rendezvous failed): one line, as torchrun's last
         print(f"{_PROG}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     except (TimeoutError, ConnectionError) as e:
         # a store that could not be reached within read_timeout
+        if raising:
+            raise
         print(f"{_PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0
@@ -121,7 +158,7 @@ def _import_agent_modules() -> None:
     import elastic.memstore
     import elastic.real.clock
     import elastic.real.workers
-    import elastic.rendezvous.dynamic  # noqa: F401  # --standalone and c10d
+    import elastic.rendezvous.dynamic_rendezvous  # noqa: F401  # --standalone and c10d
 
 
 def _pass_root_cause_up(e: object) -> None:
@@ -137,4 +174,4 @@ def _pass_root_cause_up(e: object) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli_main())

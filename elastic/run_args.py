@@ -116,6 +116,8 @@ class LaunchConfig:
     event_log: str | None = None
     #: Variables to add to every worker's environment (e.g. OMP_NUM_THREADS=1).
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: ``--preload``: modules a zygote imports once; workers fork from it (warm restarts).
+    preload: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         configs = dict(self.rdzv_configs)
@@ -459,6 +461,14 @@ def get_args_parser(prog: str = "elastic run") -> argparse.ArgumentParser:
         default=None,
         help="File for the agent's events, one JSON object per line.",
     )
+    add(
+        "--preload",
+        action=_Env,
+        type=str,
+        default="",
+        help="MODULE[,MODULE...]: imported once by a warm parent process from which every "
+        "Python worker is forked, at launch and at each restart (e.g. torch).",
+    )
     add("training_script", type=str, help="The training script (or module, or program).")
     add("training_script_args", nargs=argparse.REMAINDER)
     return p
@@ -480,17 +490,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # --- from arguments to a launch config ----------------------------------------------
 
 
+class NnodesError(ConfigError, RuntimeError):
+    """A ``--nnodes`` of more than two parts: torch raises ``RuntimeError`` there."""
+
+
 def parse_min_max_nnodes(nnodes: str) -> tuple[int, int]:
-    """``"4"`` → (4, 4); ``"1:4"`` → (1, 4); checks 0 < MIN ≤ MAX."""
+    """``"4"`` → (4, 4); ``"1:4"`` → (1, 4); checks 0 < MIN ≤ MAX.
+
+    Raises :class:`~elastic.errors.ConfigError` (a ``ValueError``, as torch's ``int()``
+    does for a non-number) and, for three or more parts, :class:`NnodesError` (also a
+    ``RuntimeError``, torch's exception for that input).
+    """
     expected = "expected N or MIN:MAX with 0 < MIN <= MAX (e.g. 2 or 1:4)"
     parts = nnodes.split(":")
+    if len(parts) > 2:
+        raise NnodesError("--nnodes", f"got {nnodes!r}; {expected}")
     try:
         if len(parts) == 1:
             lo = hi = int(parts[0])
-        elif len(parts) == 2:
-            lo, hi = int(parts[0]), int(parts[1])
         else:
-            raise ValueError(nnodes)
+            lo, hi = int(parts[0]), int(parts[1])
     except ValueError:
         raise ConfigError("--nnodes", f"got {nnodes!r}; {expected}") from None
     if not 0 < lo <= hi:
@@ -709,6 +728,7 @@ def config_from_args(
         hang_timeout=a.hang_timeout,
         event_log=a.event_log,
         extra_env=extra_env,
+        preload=_preload(a.preload),
     )
 
     cmd: Callable[..., Any] | str
@@ -730,6 +750,17 @@ def config_from_args(
         cmd = a.training_script
     cmd_args.extend(a.training_script_args)
     return config, cmd, cmd_args
+
+
+def _preload(raw: str) -> tuple[str, ...]:
+    """``--preload a,b.c`` → ("a", "b.c"); ConfigError for a name that is no module path."""
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    for n in names:
+        if not all(part.isidentifier() for part in n.split(".")):
+            raise ConfigError(
+                "--preload", f"got {n!r}; expected module names like torch,torch.nn.parallel"
+            )
+    return names
 
 
 def _check_endpoint(backend: str, endpoint: str) -> None:

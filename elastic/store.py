@@ -14,7 +14,8 @@ lease is kept alive for as long as its owner lives; after the owner stops renewi
 ``ttl`` seconds later, and not before.  Real network stores renew in the background;
 in-process and simulated stores need no renewal traffic at all.
 
-Guarantees (pinned by ``tests/test_port_contracts.py`` in both worlds):
+Guarantees (the conformance suite :mod:`elastic.testing.store` checks them against every
+implementation, in both worlds):
 
 * ``get`` blocks until the key exists, else raises :class:`TimeoutError` after
   ``timeout`` seconds (``None`` = wait forever);

@@ -131,7 +131,11 @@ class RunningGroup(Protocol):
         """Send ``sig`` to one worker (or all), without waiting."""
 
     async def stop(self, grace: float, sig: int = 15) -> list[WorkerExit]:
-        """Graceful signal, ``grace`` seconds, then kill; return once all are gone."""
+        """Graceful signal, ``grace`` seconds, then kill; return once all are gone.
+
+        Returns the exits the stop caused; they are queued for ``next_exit`` too, so
+        after a stop ``next_exit`` returns at once for every exit not yet taken.
+        """
         ...
 
 

@@ -60,6 +60,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    os.makedirs(args.ckpt_dir, exist_ok=True)  # every rank: none may wait for another
     path = os.path.join(args.ckpt_dir, "ckpt.pt")
     start = 0
     if os.path.exists(path):

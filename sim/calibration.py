@@ -15,6 +15,16 @@ processes (see :mod:`sim.calibrate` for how each is measured):
 ``store_rtt_s``
     one round trip to the network store: the simulated store's one-way ``latency`` is
     half of it.
+``preload_saves``
+    seconds of a worker's start that ``elastic run --preload`` removes (the measured cold
+    restart minus the warm one, to every worker's next training step; what
+    ``bench/bench_warm.py`` writes to ``bench/results/warm.json``).  A scenario whose
+    ``job:`` does not say ``preload_saves`` gets this, at most its ``startup_time``; one
+    that says it keeps its own.
+
+Each key is optional (an absent one is not measured and not applied); at least one
+must be there, and ``version``, when present, is 1.  Other keys are kept for the reader
+and ignored.  ``elastic calibrate`` writes the four latencies; ``bench_warm`` the last.
 
 A real run at ``--time-scale K`` spends these in wall time, which is ``K`` times as much
 scenario time; so the simulator applies them multiplied by the time scale of the real
@@ -32,7 +42,14 @@ from typing import Any
 from elastic.errors import ConfigError
 from sim.scenario import Scenario, Store
 
-__all__ = ["MAX_CALIBRATION_BYTES", "Calibration", "ModelLatencies", "load_calibration"]
+__all__ = [
+    "MAX_CALIBRATION_BYTES",
+    "Calibration",
+    "ModelLatencies",
+    "apply_calibration",
+    "load_calibration",
+    "scenario_calibration",
+]
 
 MAX_CALIBRATION_BYTES = 64 << 10
 FIELDS = ("spawn_s", "stop_s", "reaction_s", "store_rtt_s")
@@ -49,26 +66,37 @@ class ModelLatencies:
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    spawn_s: float
-    stop_s: float
-    reaction_s: float
-    store_rtt_s: float
+    # None: the file does not say (not measured, not applied)
+    spawn_s: float | None = None
+    stop_s: float | None = None
+    reaction_s: float | None = None
+    store_rtt_s: float | None = None
     info: dict[str, Any] | None = None  # what else was measured, and where
+    preload_saves: float | None = None
 
     def latencies(self, time_scale: float = 1.0) -> ModelLatencies:
         k = time_scale
-        return ModelLatencies(self.spawn_s * k, self.stop_s * k, self.reaction_s * k)
+        return ModelLatencies(
+            (self.spawn_s or 0.0) * k, (self.stop_s or 0.0) * k, (self.reaction_s or 0.0) * k
+        )
 
     def store(self, time_scale: float = 1.0) -> Store:
-        return Store(latency=self.store_rtt_s / 2 * time_scale)
+        return Store(latency=(self.store_rtt_s or 0.0) / 2 * time_scale)
 
     def apply_store(self, sc: Scenario, time_scale: float = 1.0) -> Scenario:
+        """``sc`` with the measured store latency (unchanged when none was measured)."""
+        if self.store_rtt_s is None:
+            return sc
         return replace(sc, store=self.store(time_scale))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"version": 1}
         for f in FIELDS:
-            out[f] = round(getattr(self, f), 6)
+            v = getattr(self, f)
+            if v is not None:
+                out[f] = round(v, 6)
+        if self.preload_saves is not None:
+            out["preload_saves"] = round(self.preload_saves, 6)
         if self.info:
             out["info"] = self.info
         return out
@@ -89,11 +117,21 @@ def load_calibration(path: str | Path, where: str = "--calibration") -> Calibrat
         raise ConfigError(
             where, f"{path}: not JSON; expected a file from elastic calibrate"
         ) from None
-    if not isinstance(d, dict) or d.get("version") != 1:
-        raise ConfigError(where, f"{path}: expected a version 1 file from elastic calibrate")
+    if not isinstance(d, dict):
+        raise ConfigError(where, f"{path}: got a JSON {type(d).__name__}; expected an object")
+    if d.get("version", 1) != 1:
+        raise ConfigError(where, f"{path}: version {d.get('version')!r}; expected 1")
+    if not any(k in d for k in (*FIELDS, "preload_saves")):
+        raise ConfigError(
+            where,
+            f"{path}: none of {', '.join((*FIELDS, 'preload_saves'))}; expected a file from "
+            "elastic calibrate or bench/bench_warm.py",
+        )
     values: dict[str, float] = {}
     for key in FIELDS:
-        v = d.get(key)
+        if key not in d:
+            continue
+        v = d[key]
         if (
             isinstance(v, bool)
             or not isinstance(v, int | float)
@@ -102,8 +140,30 @@ def load_calibration(path: str | Path, where: str = "--calibration") -> Calibrat
         ):
             raise ConfigError(where, f"{path}: {key}: got {v!r}; expected seconds in [0, 60)")
         values[key] = float(v)
+    saves = d.get("preload_saves")
+    if saves is not None and (
+        isinstance(saves, bool)
+        or not isinstance(saves, int | float)
+        or not math.isfinite(saves)
+        or saves < 0
+    ):
+        raise ConfigError(
+            where, f"{path}: preload_saves: got {saves!r}; expected seconds (a number >= 0)"
+        )
     info = d.get("info")
-    return Calibration(**values, info=info if isinstance(info, dict) else None)
+    return Calibration(
+        **values,
+        info=info if isinstance(info, dict) else None,
+        preload_saves=None if saves is None else float(saves),
+    )
+
+
+def apply_calibration(sc: Scenario, cal: Calibration) -> Scenario:
+    """``sc`` with the calibration's ``preload_saves`` where its ``job:`` says none."""
+    job = sc.job
+    if job.preload_saves is None and cal.preload_saves is not None:
+        job = replace(job, preload_saves=min(cal.preload_saves, job.startup_time))
+    return replace(sc, job=job)
 
 
 def scenario_calibration(sc: Scenario) -> Calibration | None:

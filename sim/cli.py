@@ -1,9 +1,16 @@
-"""``elastic sim``: run a YAML failure scenario in the simulator.
+"""``elastic sim`` and ``elastic report``: run a YAML failure scenario in the simulator,
+and the report of any saved event log.
 
 Exit codes: 0 — the run met every expectation; 1 — some expectation failed (each is
-listed with the value seen) or ``--check-determinism`` found two different logs;
-2 — bad input (one line: file:line, key, value, what was expected); 3 — an internal
-error of the simulation (with the command that replays it).
+listed with the value seen, and the causes of the run's end) or ``--check-determinism``
+found two different logs; 2 — bad input (one line: file:line, key, value, what was
+expected; output paths are checked before the run); 3 — an internal error of the
+simulation (with the command that replays it).  A closed output pipe ends the command
+quietly (141, as a tool killed by SIGPIPE); Ctrl-C prints one line and exits 130
+(:func:`elastic.cli.main` handles both for every plugin command).
+
+Progress goes to stderr, through tqdm, only when stderr is a terminal and never with
+``--json``.
 """
 
 from __future__ import annotations
@@ -11,12 +18,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn
 
 from elastic.errors import ConfigError
-from sim.calibration import load_calibration, scenario_calibration
+from sim.calibration import apply_calibration, load_calibration, scenario_calibration
 from sim.expect import check
 from sim.run import simulate
 from sim.scenario import Scenario, load_scenario
@@ -24,13 +33,22 @@ from sim.scenario import Scenario, load_scenario
 __all__ = ["main", "report_main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose errors are one line (the flag, the value, what was expected)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _sim_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="elastic sim",
         description="Run a YAML failure scenario in the simulator, with the real agent code.",
     )
     p.add_argument("scenario", help="the scenario file (YAML)")
-    p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    p.add_argument(
+        "--seed", type=_seed, default=None, help="override the scenario's seed (0 to 2**63-1)"
+    )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--events", metavar="FILE", help="write the event log (JSON lines) here")
     p.add_argument(
@@ -44,8 +62,9 @@ def _sim_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--calibration",
         metavar="FILE",
-        help="apply this machine's latencies (a file from elastic calibrate; "
-        "default: the scenario's calibration: key)",
+        help="apply this machine's measurements (a file from elastic calibrate: latencies; "
+        "bench/results/warm.json: job.preload_saves; default: the scenario's calibration: "
+        "key)",
     )
     p.add_argument(
         "--time-scale",
@@ -63,11 +82,86 @@ def _sim_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected an integer ≥ 0") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"got {text}; expected an integer from 0 to 2**63-1")
+    return value
+
+
+#: The formats ``--plot`` writes, by file extension.
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+
+
+def _output_problem(flag: str, path: str) -> str | None:
+    """Why ``path`` cannot be written, as the one line to print; None if it can."""
+    if not path:
+        return f"{flag}: an empty path; expected a file to write"
+    if os.path.isdir(path):
+        return f"{flag} {path}: is a directory; expected a file to write"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"{flag} {path}: the directory {parent} does not exist"
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return f"{flag} {path}: not writable"
+    if flag == "--plot" and os.path.splitext(path)[1].lower() not in PLOT_FORMATS:
+        ext = os.path.splitext(path)[1] or "no extension"
+        return f"--plot {path}: unknown format {ext!r}; expected one of {', '.join(PLOT_FORMATS)}"
+    return None
+
+
+def _write(flag: str, path: str, data: bytes) -> str | None:
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        return f"{flag} {path}: cannot write it: {e.strerror}"
+    return None
+
+
+@contextmanager
+def _progress_bar(enabled: bool, label: str) -> Iterator[Callable[[float, float], None] | None]:
+    """A progress callback for :func:`sim.run.simulate` drawing a tqdm bar on stderr, or
+    None when progress is off (stderr not a terminal, or ``--json``)."""
+    if not enabled:
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar: Any = None
+    hours = [0.0]
+
+    def update(now: float, until: float) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(
+                total=round(until / 3600, 2),
+                unit="h",
+                desc=f"{label} (simulated hours, at most)",
+                file=sys.stderr,
+                leave=False,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} h [{elapsed}]",
+            )
+        bar.update(round(now / 3600 - hours[0], 4))
+        hours[0] = now / 3600
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def _log_bytes(events: Sequence[Any]) -> bytes:
     return "".join(e.to_json() + "\n" for e in events).encode()
 
 
 def _human(report: dict[str, Any], failures: list[str]) -> str:
+    if "sim_time_s" not in report:
+        return _human_real(report, failures)
     rows = [
         ("scenario", report.get("name", "")),
         ("seed", report["seed"]),
@@ -80,24 +174,56 @@ def _human(report: dict[str, Any], failures: list[str]) -> str:
         ("membership restarts", report["membership_restarts"]),
         ("rendezvous rounds", report["rendezvous_rounds"]),
         ("hangs detected", report["hangs_detected"]),
-        (
-            "recovery",
-            f"{report['recovery_count']} recoveries, max {report['recovery_s_max']:.1f} s"
-            + (
-                " ("
-                + ", ".join(f"{r:.1f}" for r in report["recovery_s"][:8])
-                + (", …" if len(report["recovery_s"]) > 8 else "")
-                + " s)"
-                if report["recovery_s"]
-                else ""
-            ),
-        ),
+        ("faults", ", ".join(f"{n} {k}" for k, n in report.get("faults", {}).items()) or "none"),
+        ("recovery", _recovery(report)),
         ("final nodes", report["final_nodes"]),
-        ("events", f"{report['events']} logged, {report['sim_events']} simulated"),
-        ("wall time", f"{report['wall_s']:.3f} s"),
     ]
+    if "sim_events" in report:
+        rows.append(("events", f"{report['events']} logged, {report['sim_events']} simulated"))
+    else:
+        rows.append(("events", f"{report['events']} logged"))
+    if "wall_s" in report:
+        rows.append(("wall time", f"{report['wall_s']:.3f} s"))
+    if "event_log_sha256" in report:
+        rows.append(
+            ("determinism", f"same event log twice (sha256 {report['event_log_sha256'][:16]}…)")
+        )
+    return _table(rows, report, failures)
+
+
+def _human_real(report: dict[str, Any], failures: list[str]) -> str:
+    sizes = report.get("world_sizes") or [report["world_size"]]
+    rows = [
+        ("state", report["state"]),
+        ("run time", f"{report['run_time_s']:.3f} s (first to last event)"),
+        ("nodes", report["nodes"]),
+        ("world sizes", " → ".join(str(w) for w in sizes)),
+        ("restarts (budget)", report["restarts"]),
+        ("membership restarts", report["membership_restarts"]),
+        ("rendezvous rounds", report["rendezvous_rounds"]),
+        ("hangs detected", report["hangs_detected"]),
+        ("recovery", _recovery(report)),
+        ("events", f"{report['events']} logged"),
+    ]
+    return _table(rows, report, failures)
+
+
+def _recovery(report: dict[str, Any]) -> str:
+    rec: list[float] = report["recovery_s"]
+    text = f"{report['recovery_count']} recoveries, max {report['recovery_s_max']:.1f} s"
+    if rec:
+        shown = ", ".join(f"{r:.1f}" for r in rec[:8])
+        text += f" ({shown}{', …' if len(rec) > 8 else ''} s)"
+    return text
+
+
+def _table(rows: list[tuple[str, Any]], report: dict[str, Any], failures: list[str]) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [f"  {k:<{width}}  {v}" for k, v in rows]
+    why: list[str] = report.get("why") or []
+    if why:
+        lines.append(f"why it ended {report['state']}:")
+        lines += [f"  - {w}" for w in why]
     if failures:
         lines.append("expectations FAILED:")
         lines += [f"  - {f}" for f in failures]
@@ -106,22 +232,29 @@ def _human(report: dict[str, Any], failures: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _plot(events: Sequence[Any], path: str, title: str) -> int:
+def _plot(events: Sequence[Any], path: str, title: str) -> str | None:
+    """Draw the timeline; the one line to print if it cannot."""
     try:
         from sim.plot import plot_timeline
-
+    except ImportError:
+        return "--plot needs matplotlib: pip install 'elastic-sim-agent[plot]'"
+    try:
         plot_timeline(events, path, title)
     except ImportError:
-        print("elastic: --plot needs matplotlib: pip install 'elastic[plot]'", file=sys.stderr)
-        return 2
+        return "--plot needs matplotlib: pip install 'elastic-sim-agent[plot]'"
     except OSError as e:
-        print(f"elastic: --plot {path}: cannot write it: {e.strerror}", file=sys.stderr)
-        return 2
-    return 0
+        return f"--plot {path}: cannot write it: {e.strerror}"
+    return None
+
+
+def _say(prog: str, line: str) -> None:
+    print(f"{prog}: {line}", file=sys.stderr)
 
 
 def main(argv: Sequence[str]) -> int:
+    """Run a YAML failure scenario in the simulator, with the real agent code."""
     args = _sim_parser().parse_args(list(argv))
+    prog = "elastic sim"
     try:
         scenario = load_scenario(args.scenario)
         if args.seed is not None:
@@ -133,47 +266,68 @@ def main(argv: Sequence[str]) -> int:
             if args.calibration
             else scenario_calibration(scenario)
         )
+        if calibration is not None:
+            scenario = apply_calibration(scenario, calibration)
     except ConfigError as e:
-        print(f"elastic sim: {e}", file=sys.stderr)
+        _say(prog, str(e))
         return 2
-    result = simulate(scenario, calibration=calibration, time_scale=args.time_scale)
+    for flag, path in (
+        ("--events", args.events),
+        ("--plot", args.plot),
+        ("--write-faults", args.write_faults),
+    ):
+        if path is not None and (problem := _output_problem(flag, path)):
+            _say(prog, problem)
+            return 2
+    show = sys.stderr.isatty() and not args.json
+    try:
+        with _progress_bar(show, "simulating") as progress:
+            result = simulate(
+                scenario, progress=progress, calibration=calibration, time_scale=args.time_scale
+            )
+    except ConfigError as e:
+        _say(prog, str(e))
+        return 2
     report = dict(result.report)
     unobserved: list[str] = next(
         (list(e.fields["unobserved_errors"]) for e in result.events if e.kind == "sim.end"), []
     )
     if unobserved:
-        print(
-            f"elastic sim: internal error in the simulation: {unobserved[0]} — replay with: "
+        _say(
+            prog,
+            f"internal error in the simulation: {unobserved[0]} — replay with: "
             f"elastic sim {args.scenario} --seed {scenario.seed}",
-            file=sys.stderr,
         )
         return 3
+    log = _log_bytes(result.events)
     if args.check_determinism:
-        again = simulate(scenario, calibration=calibration, time_scale=args.time_scale)
-        a, b = _log_bytes(result.events), _log_bytes(again.events)
-        report["event_log_sha256"] = hashlib.sha256(a).hexdigest()
-        if a != b:
-            print(
-                f"elastic sim: NOT deterministic: two runs of {args.scenario} with seed "
+        with _progress_bar(show, "again, for --check-determinism") as progress:
+            again = simulate(
+                scenario, progress=progress, calibration=calibration, time_scale=args.time_scale
+            )
+        report["event_log_sha256"] = hashlib.sha256(log).hexdigest()
+        if log != _log_bytes(again.events):
+            _say(
+                prog,
+                f"NOT deterministic: two runs of {args.scenario} with seed "
                 f"{scenario.seed} gave different event logs",
-                file=sys.stderr,
             )
             return 1
-    if args.events:
-        with open(args.events, "wb") as f:
-            f.write(_log_bytes(result.events))
-    if args.plot:
-        code = _plot(result.events, args.plot, scenario.name)
-        if code:
-            return code
+    if args.events and (problem := _write("--events", args.events, log)):
+        _say(prog, problem)
+        return 2
+    if args.plot and (problem := _plot(result.events, args.plot, scenario.name)):
+        _say(prog, problem)
+        return 2
     if args.write_faults:
         explicit: Scenario = scenario.with_faults(result.faults)
-        with open(args.write_faults, "w") as f:
-            f.write(explicit.to_yaml())
+        if problem := _write("--write-faults", args.write_faults, explicit.to_yaml().encode()):
+            _say(prog, problem)
+            return 2
     failures = check(scenario.expect, report)
     report["expect_failures"] = failures
     if args.json:
-        print(json.dumps(report, sort_keys=True))
+        print(json.dumps(report, sort_keys=True, allow_nan=False))
     else:
         report["_expected"] = bool(list(scenario.expect.items()))
         print(_human(report, failures))
@@ -182,12 +336,28 @@ def main(argv: Sequence[str]) -> int:
     return 1 if failures else 0
 
 
+#: Event kinds the timeline plot draws (the rest of a large log is not kept for it).
+PLOT_KINDS = frozenset(
+    {
+        "agent.group_started",
+        "agent.group_stopped",
+        "agent.finish",
+        "agent.refused_start",
+        "sim.fault",
+        "sim.world_running",
+        "sim.progress",
+        "sim.end",
+        "sim.start",
+    }
+)
+
+
 def report_main(argv: Sequence[str]) -> int:
-    """``elastic report EVENTS.jsonl [--json]``: the report of any run, real or simulated."""
-    p = argparse.ArgumentParser(
+    """The report of a real or simulated run, from its saved event log."""
+    p = _Parser(
         prog="elastic report",
         description="Build the run report from a JSON-lines event log "
-        "(elastic run --event-log, or elastic sim --events).",
+        "(elastic run --event-log, or elastic sim --events).  Limits: see sim/eventlog.py.",
     )
     p.add_argument("events", help="the event log")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
@@ -195,25 +365,31 @@ def report_main(argv: Sequence[str]) -> int:
         "--plot", metavar="FILE", help="draw the timeline (PNG/SVG/PDF; needs matplotlib)"
     )
     args = p.parse_args(list(argv))
-    from elastic.events import read_events
+    from sim.eventlog import EventLogError, iter_event_log
     from sim.report import build_report
 
+    prog = "elastic report"
+    if args.plot is not None and (problem := _output_problem("--plot", args.plot)):
+        _say(prog, problem)
+        return 2
+    kept: list[Any] = []
+
+    def keep(events: Iterator[Any]) -> Iterator[Any]:
+        for e in events:
+            if args.plot and e.kind in PLOT_KINDS:
+                kept.append(e)
+            yield e
+
     try:
-        with open(args.events, encoding="utf-8") as f:
-            events = read_events(f)
-    except OSError as e:
-        print(f"elastic report: {args.events}: cannot read it: {e.strerror}", file=sys.stderr)
+        report = build_report(keep(iter_event_log(args.events)))
+    except EventLogError as e:
+        _say(prog, str(e))
         return 2
-    except (ValueError, KeyError, TypeError) as e:
-        print(f"elastic report: {args.events}: not an event log ({e})", file=sys.stderr)
+    if args.plot and (problem := _plot(kept, args.plot, args.events)):
+        _say(prog, problem)
         return 2
-    report = build_report(events)
-    if args.plot and (code := _plot(events, args.plot, args.events)):
-        return code
     if args.json:
-        print(json.dumps(report, sort_keys=True))
+        print(json.dumps(report, sort_keys=True, allow_nan=False))
         return 0
-    report.setdefault("sim_events", 0)
-    report.setdefault("wall_s", 0.0)
     print(_human(report, []))
     return 0

@@ -46,6 +46,10 @@ def parse_duration(value: object) -> float:
         # bool is an int subclass; YAML turns "yes"/"on" into True, never a duration
         raise ValueError(f"expected {DURATION_EXPECTED}")
     if isinstance(value, int | float):
+        try:
+            value = float(value)
+        except OverflowError:  # an integer beyond float's range (10**400)
+            raise ValueError(f"expected {DURATION_EXPECTED} (finite)") from None
         if not math.isfinite(value):
             raise ValueError(f"expected {DURATION_EXPECTED} (finite)")
         if value < 0:

@@ -18,6 +18,10 @@ Definitions:
 * ``recovery_s`` — for each fault that broke the running training, the time until
   training ran again (a new world formed); ``recovery_s_max`` its maximum.
 * ``hangs_detected`` — groups declared UNHEALTHY plus workers reaped by a timer.
+* ``faults`` — the faults injected that hit something, by kind (simulated runs).
+* ``why`` — for a run that did not succeed, one line per cause (see :class:`_Causes`).
+* a real run's log (no ``sim.start``) has no seed, steps, goodput or simulated time:
+  ``run_time_s`` (first to last event), ``world_sizes`` and ``nodes`` instead.
 """
 
 from __future__ import annotations
@@ -49,37 +53,154 @@ REPORT_KEYS = (
 )
 
 
+_REAL_BREAKS = frozenset(
+    {"torchelastic.worker.status.FAILED", "agent.membership_change", "agent.unhealthy"}
+)
+
+
+class _Recoveries:
+    """Fault → training again: each break opens a wait, the next resume closes them all."""
+
+    __slots__ = ("breaks", "pending", "resumes", "times")
+
+    def __init__(self, breaks: frozenset[str], resumes: str) -> None:
+        self.breaks = breaks
+        self.resumes = resumes
+        self.pending: list[float] = []
+        self.times: list[float] = []
+
+    def see(self, kind: str, t: float) -> None:
+        if kind in self.breaks:
+            self.pending.append(t)
+        elif kind == self.resumes and self.pending:
+            self.times.extend(t - p for p in self.pending)
+            self.pending = []
+
+
+class _Causes:
+    """Why a run ended as it did, one line per cause, from the events that say so.
+
+    A node whose agent refused to start its workers (the fault that did it named, when
+    the log has it), a rendezvous that failed (the agents' own one-line error), an agent
+    that spent its whole restart budget (the failure that spent the last one), hangs,
+    and a run cut short by ``until``.  Repeats of one cause on other nodes are counted,
+    not listed.
+    """
+
+    __slots__ = ("budget", "last_failure", "last_fault", "lines", "max_restarts", "seen")
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.seen: dict[str, int] = {}  # cause key -> index in lines
+        self.last_fault: dict[Any, tuple[str, float]] = {}
+        self.last_failure: dict[Any, AgentEvent] = {}
+        self.max_restarts: dict[Any, int] = {}
+        self.budget: list[int] = []  # per cause line: how many nodes share it
+
+    def _add(self, key: str, line: str) -> None:
+        if key in self.seen:
+            self.budget[self.seen[key]] += 1
+            return
+        self.seen[key] = len(self.lines)
+        self.lines.append(line)
+        self.budget.append(1)
+
+    def see(self, e: AgentEvent) -> None:
+        k, f = e.kind, e.fields
+        if k == "sim.fault" and "target" in f and f.get("applied", True):
+            self.last_fault[f["target"]] = (str(f.get("fault", "fault")), e.t)
+        elif k == "agent.start":
+            self.max_restarts[e.node] = _count(f.get("max_restarts"))
+        elif k == "torchelastic.worker.status.FAILED":
+            self.last_failure[e.node] = e
+        elif k == "agent.refused_start":
+            fault = self.last_fault.get(e.node)
+            by = f" by {fault[0]} at {fault[1]:.1f} s" if fault else ""
+            reason = str(f.get("reason", "its agent refused to start its workers"))
+            reason = reason.removeprefix(f"node {e.node}: ")
+            self._add(
+                f"refused:{fault[0] if fault else ''}", f"node {e.node} excluded{by}: {reason}"
+            )
+        elif k == "agent.rendezvous_error":
+            error = str(f.get("error", "rendezvous failed"))
+            self._add(f"rdzv:{error.split(':', 1)[0]}", f"node {e.node}: {error}")
+        elif k == "agent.finish" and f.get("state") == "FAILED":
+            budget = self.max_restarts.get(e.node)
+            spent = _count(f.get("restarts"))
+            failure = self.last_failure.get(e.node)
+            if budget is not None and spent >= budget and failure is not None:
+                ff = failure.fields
+                self._add(
+                    "budget",
+                    f"node {e.node} spent its restart budget ({spent} of {budget}); the last "
+                    f"failure: rank {failure.rank} exit code {ff.get('exit_code')} at "
+                    f"{failure.t:.1f} s",
+                )
+        elif k == "agent.finish" and f.get("state") == "UNHEALTHY":
+            self._add("unhealthy", f"node {e.node}: its workers hung (UNHEALTHY) past the budget")
+
+    def result(self, state: str, end: dict[str, Any], start: dict[str, Any]) -> list[str]:
+        lines = [
+            line + (f" (and {n - 1} more nodes likewise)" if n > 1 else "")
+            for line, n in zip(self.lines, self.budget, strict=True)
+        ]
+        if state == "TIMEOUT":
+            lines.append(
+                f"the run reached until = {float(start.get('until', 0)):.0f} s before the job "
+                f"finished ({_count(end.get('steps_done'))} of {_count(start.get('steps'))} steps)"
+            )
+        return lines if state != "SUCCEEDED" else []
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
-    evs = list(events)
+    """The report of a run from its events, in one pass (a large log is not held).
+
+    A simulated run's log (it has ``sim.start``) gives the keys of :data:`REPORT_KEYS`;
+    a real run's log gives what a real run has — no seed, steps, goodput or simulated
+    time, but ``run_time_s`` (first to last event, on the agents' clock),
+    ``world_sizes`` (each new group's world size, in order) and ``nodes``.
+    """
+    simulated = False
     # a real run's log has no sim.* events: a worker failure, a membership change or an
-    # unhealthy verdict breaks the group, and the next group start ends the recovery
-    simulated = any(e.kind == "sim.start" for e in evs)
-    breaks = (
-        {"sim.world_broken"}
-        if simulated
-        else {
-            "torchelastic.worker.status.FAILED",
-            "agent.membership_change",
-            "agent.unhealthy",
-        }
-    )
-    resumes = "sim.world_running" if simulated else "agent.group_started"
-    t0 = evs[0].t if evs else 0.0
+    # unhealthy verdict breaks the group, and the next group start ends the recovery;
+    # both are followed until the log says which it is
+    sim_rec = _Recoveries(frozenset({"sim.world_broken"}), "sim.world_running")
+    real_rec = _Recoveries(_REAL_BREAKS, "agent.group_started")
+    t0: float | None = None
+    last_t = 0.0
+    count = 0
     start: dict[str, Any] = {}
     end: dict[str, Any] = {}
     end_t = 0.0
-    finishes: list[AgentEvent] = []
+    finish_states: list[str] = []
+    finished_nodes: set[Any] = set()
+    nodes: set[Any] = set()
     restarts_by_agent: dict[tuple[Any, int], int] = {}
     membership_by_agent: dict[tuple[Any, int], int] = {}
     incarnation: dict[Any, int] = {}
     rounds: set[int] = set()
     world_size = 0
+    world_sizes: list[int] = []
     hangs = 0
-    pending_faults: list[float] = []
-    recoveries: list[float] = []
-    for e in evs:
+    causes = _Causes()
+    faults: dict[str, int] = {}
+    for e in events:
+        count += 1
+        causes.see(e)
+        if e.kind == "sim.fault" and e.fields.get("applied", True):
+            kind = str(e.fields.get("fault", "fault"))
+            faults[kind] = faults.get(kind, 0) + 1
+        if t0 is None:
+            t0 = e.t
+        last_t = max(last_t, e.t) if count > 1 else e.t
         k = e.kind
+        nodes.add(e.node)
         if k == "sim.start":
+            simulated = True
             start = dict(e.fields)
         elif k == "sim.end":
             end = dict(e.fields)
@@ -87,7 +208,8 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
         elif k == "agent.start":
             incarnation[e.node] = incarnation.get(e.node, 0) + 1
         elif k == "agent.finish":
-            finishes.append(e)
+            finish_states.append(str(e.fields.get("state")))
+            finished_nodes.add(e.node)
             key = (e.node, incarnation.get(e.node, 0))
             restarts_by_agent[key] = int(e.fields.get("restarts", 0))
         elif k == "agent.restart" and e.fields.get("reason") == "membership":
@@ -97,46 +219,59 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
             rounds.add(int(e.fields.get("round", 0)))
         elif k == "agent.group_started":
             world_size = int(e.fields.get("world_size", world_size))
+            if not world_sizes or world_sizes[-1] != world_size:
+                world_sizes.append(world_size)
         elif k in ("agent.unhealthy", "watchdog.kill_worker_process"):
             hangs += 1
-        if k in breaks:
-            pending_faults.append(e.t)
-        elif k == resumes and pending_faults:
-            recoveries.extend(e.t - t for t in pending_faults)
-            pending_faults = []
-    if not end_t and evs:
-        end_t = max(e.t for e in evs)
+        sim_rec.see(k, e.t)
+        real_rec.see(k, e.t)
+    if t0 is None:
+        t0 = 0.0
+    if not end_t:
+        end_t = last_t
     if end.get("reason") == "until":
         state = "TIMEOUT"
+    elif "SUCCEEDED" in finish_states:
+        state = "SUCCEEDED"
+    elif "UNHEALTHY" in finish_states and "FAILED" not in finish_states:
+        state = "UNHEALTHY"
+    elif not finish_states and not simulated:
+        state = "UNFINISHED"  # a real log cut short: no agent said how it ended
     else:
-        states = [str(f.fields.get("state")) for f in finishes]
-        if "SUCCEEDED" in states:
-            state = "SUCCEEDED"
-        elif "UNHEALTHY" in states and "FAILED" not in states:
-            state = "UNHEALTHY"
-        else:
-            # failed, or every node crashed or left before the job finished
-            state = "FAILED"
-    step_time = float(start.get("step_time", 0.0))
-    steps_done = int(end.get("steps_done", 0))
+        # failed, or every node crashed or left before the job finished
+        state = "FAILED"
     end_t -= t0
-    goodput = steps_done * step_time / end_t if end_t > 0 else 0.0
-    recovery = [round(r, 6) for r in recoveries]
-    return {
-        "name": start.get("name", ""),
+    recovery = [round(r, 6) for r in (sim_rec if simulated else real_rec).times]
+    common: dict[str, Any] = {
         "state": state,
         "restarts": max(restarts_by_agent.values(), default=0),
         "membership_restarts": max(membership_by_agent.values(), default=0),
         "rendezvous_rounds": len(rounds),
         "world_size": world_size,
-        "steps_done": steps_done,
-        "sim_time_s": round(end_t, 6),
-        "goodput": round(goodput, 6),
-        "events": len(evs),
+        "events": count,
         "recovery_s": recovery,
         "recovery_s_max": max(recovery, default=0.0),
         "recovery_count": len(recovery),
         "hangs_detected": hangs,
-        "final_nodes": int(end.get("final_nodes", len({f.node for f in finishes}))),
+        "why": causes.result(state, end, start),
+    }
+    if not simulated:
+        return {
+            **common,
+            "world_sizes": world_sizes,
+            "run_time_s": round(end_t, 6),
+            "nodes": len(nodes),
+        }
+    step_time = float(start.get("step_time", 0.0))
+    steps_done = int(end.get("steps_done", 0))
+    goodput = steps_done * step_time / end_t if end_t > 0 else 0.0
+    return {
+        "name": start.get("name", ""),
+        **common,
+        "steps_done": steps_done,
+        "sim_time_s": round(end_t, 6),
+        "goodput": round(goodput, 6),
+        "final_nodes": int(end.get("final_nodes", len(finished_nodes))),
+        "faults": dict(sorted(faults.items())),
         "seed": start.get("seed", 0),
     }

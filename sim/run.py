@@ -8,6 +8,7 @@ simultaneous events by insertion, and nodes and faults are iterated in a fixed o
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,13 +76,22 @@ def _handler_factory(sc: Scenario) -> Any:
     return make
 
 
+#: How many times a run calls its ``progress`` callback, at most (evenly in simulated time).
+PROGRESS_TICKS = 200
+
+
 def simulate(
     sc: Scenario,
     seed: int | None = None,
+    progress: Callable[[float, float], None] | None = None,
     calibration: Calibration | None = None,
     time_scale: float = 1.0,
 ) -> SimResult:
     """Run ``sc`` (with ``seed`` overriding the file's) and return its report and events.
+
+    ``progress(now, until)`` is called every ``until / PROGRESS_TICKS`` simulated
+    seconds (for a progress bar).  The ticks are simpy timeouts of their own: they do
+    not change the order of the run's events, its event log or its ``sim_events``.
 
     ``calibration``: this machine's latencies (:mod:`sim.calibration`), as a real run at
     ``time_scale`` meets them; they replace the store's latency and add to the worker
@@ -101,7 +111,7 @@ def simulate(
     model = JobModel(
         steps=job.steps,
         step_time=job.step_time,
-        startup_time=job.startup_time + lat.extra_startup,
+        startup_time=job.startup_time - (job.preload_saves or 0.0) + lat.extra_startup,
         checkpoint_every=job.checkpoint_every,
         checkpoint_time=job.checkpoint_time,
         collective_timeout=job.collective_timeout,
@@ -144,6 +154,10 @@ def simulate(
         cluster.start_node(n)
     clock.spawn(_drive_faults(cluster, faults), name="faults")
     deadline = clock.env.timeout(sc.until)
+    ticks = [0]
+    if progress is not None:
+        progress(0.0, sc.until)
+        clock.env.process(_ticker(clock.env, sc.until, progress, ticks))
     clock.env.run(until=AnyOf(clock.env, [cluster.finished._ev, deadline]))  # type: ignore[attr-defined]
     reason = "done" if cluster.finished.is_set() else "until"
     cluster.emit(
@@ -154,11 +168,22 @@ def simulate(
         best_step=training.best_step,
         unobserved_errors=[f"{n}: {type(e).__name__}: {e}" for n, e in clock.unobserved],
     )
-    sim_events = next(clock.env._eid)
+    # the ticker's own events (its timeouts and its process' start) are not the run's
+    sim_events = next(clock.env._eid) - (ticks[0] + 1 if progress is not None else 0)
     report = build_report(sink.events)
     report["sim_events"] = sim_events
     report["wall_s"] = round(time.perf_counter() - wall0, 3)
     return SimResult(report, list(sink.events), faults)
+
+
+def _ticker(
+    env: Any, until: float, progress: Callable[[float, float], None], ticks: list[int]
+) -> Generator[Any, Any, None]:
+    step = until / PROGRESS_TICKS
+    while True:
+        ticks[0] += 1  # each timeout takes one simpy event id, processed or not
+        yield env.timeout(step)
+        progress(env.now, until)
 
 
 async def _drive_faults(c: Cluster, faults: list[Fault]) -> None:

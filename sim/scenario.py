@@ -31,10 +31,31 @@ Decisions worth knowing (see also the field docstrings):
   nodes brought by ``node_join`` faults in time order.  A timed fault may name a node that
   exists by its time; a rate fault may name any node that can ever exist.
 - A fault naming a node that is down when it fires is the runner's to ignore.
+
+Limits (DESIGN §3; each refused with the file, line, key, value and the limit):
+
+- the file: at most ``MAX_SCENARIO_BYTES`` (4 MiB), YAML nested at most 64 levels, at most
+  ``MAX_YAML_NODES`` (300,000) scalars and collections in all — counted while the depth is
+  checked, before the tree is built, so an oversized file is refused in well under a second;
+- ``cluster``: at most ``MAX_NODES`` (10,000) nodes, spare nodes, min/max nodes, and nodes
+  that can ever exist (with timed and drawn ``node_join`` counts); at most ``MAX_WORKERS``
+  (100,000) workers (nodes and spares times ``nproc_per_node``, itself ≤ 4,096).  Measured:
+  10,000 nodes of 8 workers simulate 100 steps in ≈11 s and ≈280 MB;
+- ``faults``: at most ``MAX_FAULTS`` (10,000) entries, rate faults drawing at most
+  ``MAX_EXPANDED_FAULTS`` (10,000) in expectation (twice that at most); a node list at
+  most ``MAX_NODES`` long;
+- numbers: integers (steps, counts, restarts…) at most 10¹², seeds at most 2⁶⁴, exit codes within
+  ±2³¹; durations at most ``MAX_SECONDS`` (100 years); rendezvous timeouts at least 1 s
+  (torch reads them as whole seconds, so a ``1ms`` timeout would be 0); ``slow_node``
+  factors at most 10⁶.
+
+Every check runs in time linear in the input (duplicates through sets, node bounds
+through prefix sums).
 """
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import enum
 import math
@@ -53,7 +74,12 @@ from sim.expect import COUNT_KEYS, EXPECT_KEYS, SECONDS_KEYS, Bound, Expectation
 __all__ = [
     "DEFAULT_UNTIL",
     "MAX_EXPANDED_FAULTS",
+    "MAX_FAULTS",
+    "MAX_NODES",
     "MAX_SCENARIO_BYTES",
+    "MAX_SECONDS",
+    "MAX_WORKERS",
+    "MAX_YAML_NODES",
     "Agent",
     "Cluster",
     "Fault",
@@ -79,9 +105,18 @@ MAX_EXPANDED_FAULTS = 10_000
 DEFAULT_UNTIL = 7 * 86400.0
 
 # Upper bounds that keep a typo (an extra zero or ten) from building a simulation that
-# cannot fit in memory; they are far above anything a real cluster has.
-_MAX_NODES = 1_000_000
+# cannot fit in memory or time (see "Limits" above).
+MAX_NODES = 10_000
+MAX_WORKERS = 100_000
+MAX_FAULTS = 10_000
+MAX_YAML_NODES = 300_000
+MAX_SECONDS = 100 * 365.25 * 86400.0
+_MAX_NODES = MAX_NODES
 _MAX_NPROC = 4096
+_MAX_INT = 10**12
+_MAX_EXIT = 2**31
+_MAX_FACTOR = 1e6
+_MIN_RDZV_TIMEOUT = 1.0
 
 # libyaml's parser (when PyYAML was built with it) is about 7x faster than the pure-Python
 # one.  Its composer recurses in C with no depth limit and crashes the process on ~100k
@@ -127,6 +162,9 @@ class Job:
 
     ``timer``: each step runs inside ``expires(after=timer)``, so a hung worker is reaped by
     the timer server.  ``hang_timeout``: progress-heartbeat hang detection.  Both off if None.
+    ``preload_saves``: how much of ``startup_time`` ``elastic run --preload`` removes from
+    every start of the workers (None: not said; a calibration file may supply it, see
+    :mod:`sim.calibration`; else 0).
     """
 
     steps: int
@@ -137,6 +175,7 @@ class Job:
     collective_timeout: float = 600.0
     timer: float | None = None
     hang_timeout: float | None = None
+    preload_saves: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +369,8 @@ class Scenario:
             job["timer"] = format_duration(self.job.timer)
         if self.job.hang_timeout is not None:
             job["hang_timeout"] = format_duration(self.job.hang_timeout)
+        if self.job.preload_saves is not None:
+            job["preload_saves"] = format_duration(self.job.preload_saves)
         out["job"] = job
         out["agent"] = {
             "max_restarts": self.agent.max_restarts,
@@ -496,7 +537,17 @@ _MAX_DEPTH = 64
 def _check_depth(text: str, name: str) -> None:
     """Refuse YAML nested deeper than :data:`_MAX_DEPTH` before any recursive composing."""
     depth = 0
+    count = 0
     for event in yaml.parse(text, Loader=_LOADER):
+        if isinstance(event, yaml.ScalarEvent | yaml.CollectionStartEvent | yaml.AliasEvent):
+            count += 1
+            if count > MAX_YAML_NODES:
+                line = event.start_mark.line + 1 if event.start_mark is not None else 1
+                raise ConfigError(
+                    f"{name}:{line}",
+                    f"the YAML holds more than {MAX_YAML_NODES} values; expected a scenario "
+                    f"(at most {MAX_FAULTS} faults and {MAX_NODES} nodes)",
+                )
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > _MAX_DEPTH:
@@ -588,10 +639,13 @@ class _Reader(Protocol[T_co]):
 @dataclass(frozen=True, slots=True)
 class _Int:
     lo: int = 0
-    hi: int | None = None
+    hi: int | None = _MAX_INT
 
     @property
     def expected(self) -> str:
+        big = {_MAX_INT: "10**12", 2**64: "2**64"}.get(self.hi or 0)
+        if big is not None:
+            return f"an integer ≥ {self.lo} (at most {big})"
         if self.hi is not None:
             return f"an integer from {self.lo} to {self.hi}"
         return f"an integer ≥ {self.lo}"
@@ -599,7 +653,7 @@ class _Int:
     def read(self, ctx: _Ctx, node: yaml.Node, path: str) -> int:
         value = _read_int(ctx, node, path, self.expected)
         if value < self.lo or (self.hi is not None and value > self.hi):
-            raise ctx.error(node, path, f"got {value}; expected {self.expected}")
+            raise ctx.error(node, path, f"got {_show(value)}; expected {self.expected}")
         return value
 
 
@@ -610,7 +664,10 @@ class _AnyInt:
         return "an integer"
 
     def read(self, ctx: _Ctx, node: yaml.Node, path: str) -> int:
-        return _read_int(ctx, node, path, self.expected)
+        value = _read_int(ctx, node, path, self.expected)
+        if not -_MAX_EXIT <= value < _MAX_EXIT:
+            raise ctx.error(node, path, f"got {_show(value)}; expected an integer within ±2**31")
+        return value
 
 
 def _read_int(ctx: _Ctx, node: yaml.Node, path: str, expected: str) -> int:
@@ -639,7 +696,10 @@ class _Real:
         value = ctx.scalar(node, path, self.expected)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ctx.error(node, path, f"got {_show(value)}; expected {self.expected}")
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
         too_low = number <= self.lo if self.lo_open else number < self.lo
         if not math.isfinite(number) or too_low or (self.hi is not None and number > self.hi):
             raise ctx.error(node, path, f"got {_show(value)}; expected {self.expected}")
@@ -649,10 +709,15 @@ class _Real:
 @dataclass(frozen=True, slots=True)
 class _Duration:
     positive: bool = False
+    least: float = 0.0  # seconds; > 0 for the rendezvous timeouts (whole seconds in torch)
 
     @property
     def expected(self) -> str:
-        return DURATION_EXPECTED + (", greater than 0" if self.positive else "")
+        if self.least:
+            low = f", at least {format_duration(self.least)}"
+        else:
+            low = ", greater than 0" if self.positive else ""
+        return f"{DURATION_EXPECTED}{low}, at most 100 years"
 
     def read(self, ctx: _Ctx, node: yaml.Node, path: str) -> float:
         value = ctx.scalar(node, path, self.expected)
@@ -660,7 +725,7 @@ class _Duration:
             seconds = parse_duration(value)
         except ValueError as error:
             raise ctx.error(node, path, f"got {_show(value)}; {error}") from None
-        if self.positive and seconds == 0:
+        if (self.positive and seconds == 0) or seconds < self.least or seconds > MAX_SECONDS:
             raise ctx.error(node, path, f"got {_show(value)}; expected {self.expected}")
         return seconds
 
@@ -799,6 +864,7 @@ _JOB_KEYS = (
     "collective_timeout",
     "timer",
     "hang_timeout",
+    "preload_saves",
 )
 _AGENT_KEYS = ("max_restarts", "monitor_interval", "exit_barrier_timeout", "shutdown_timeout")
 _RDZV_KEYS = (
@@ -855,7 +921,7 @@ class _ScenarioReader:
         default_name = "unnamed" if source.startswith("<") else Path(source).stem
         name = top.get("name", _Text(), default_name)
         description = top.get("description", _Text(), "")
-        seed = top.get("seed", _Int(0), 0)
+        seed = top.get("seed", _Int(0, 2**64), 0)
         until = top.get("until", _Duration(positive=True), DEFAULT_UNTIL)
         cluster = self._cluster(top)
         job = self._job(top)
@@ -896,24 +962,50 @@ class _ScenarioReader:
     def _cluster(self, top: _Map) -> Cluster:
         m = self._section(top, "cluster", required=True)
         assert m is not None  # required sections are never None
-        return Cluster(
+        cluster = Cluster(
             nodes=m.req("nodes", _Int(1, _MAX_NODES)),
             nproc_per_node=m.req("nproc_per_node", _Int(1, _MAX_NPROC)),
             spare_nodes=m.get("spare_nodes", _Int(0, _MAX_NODES), 0),
         )
+        hosts = cluster.nodes + cluster.spare_nodes
+        if hosts > _MAX_NODES:
+            raise self.ctx.error(
+                m.line_of("spare_nodes"),
+                m.sub("spare_nodes"),
+                f"got {cluster.spare_nodes} with {cluster.nodes} nodes; expected at most "
+                f"{_MAX_NODES} nodes and spares in all",
+            )
+        if hosts * cluster.nproc_per_node > MAX_WORKERS:
+            raise self.ctx.error(
+                m.line_of("nproc_per_node"),
+                m.sub("nproc_per_node"),
+                f"got {cluster.nproc_per_node} with {hosts} nodes and spares, "
+                f"{hosts * cluster.nproc_per_node} workers; expected at most {MAX_WORKERS}",
+            )
+        return cluster
 
     def _job(self, top: _Map) -> Job:
         m = self._section(top, "job", required=True)
         assert m is not None
+        startup_time = m.get("startup_time", _Duration(), 0.0)
+        preload_saves = m.opt("preload_saves", _Duration())
+        if preload_saves is not None and preload_saves > startup_time:
+            raise self.ctx.error(
+                m.line_of("preload_saves"),
+                m.sub("preload_saves"),
+                f"got {format_duration(preload_saves)}; expected at most the job's "
+                f"startup_time ({format_duration(startup_time)}), the part a preload removes",
+            )
         return Job(
             steps=m.req("steps", _Int(1)),
             step_time=m.req("step_time", _Duration(positive=True)),
-            startup_time=m.get("startup_time", _Duration(), 0.0),
+            startup_time=startup_time,
             checkpoint_every=m.get("checkpoint_every", _Int(0), 0),
             checkpoint_time=m.get("checkpoint_time", _Duration(), 0.0),
             collective_timeout=m.get("collective_timeout", _Duration(positive=True), 600.0),
             timer=m.opt("timer", _Duration(positive=True)),
             hang_timeout=m.opt("hang_timeout", _Duration(positive=True)),
+            preload_saves=preload_saves,
         )
 
     def _agent(self, top: _Map) -> Agent:
@@ -972,10 +1064,10 @@ class _ScenarioReader:
             backend=backend,
             min_nodes=min_nodes,
             max_nodes=max_nodes,
-            join_timeout=m.get("join_timeout", _Duration(positive=True), 600.0),
-            last_call_timeout=m.get("last_call_timeout", _Duration(positive=True), 30.0),
-            heartbeat_timeout=m.get("heartbeat_timeout", _Duration(positive=True), 15.0),
-            close_timeout=m.get("close_timeout", _Duration(positive=True), 30.0),
+            join_timeout=m.get("join_timeout", _RDZV_TIMEOUT, 600.0),
+            last_call_timeout=m.get("last_call_timeout", _RDZV_TIMEOUT, 30.0),
+            heartbeat_timeout=m.get("heartbeat_timeout", _RDZV_TIMEOUT, 15.0),
+            close_timeout=m.get("close_timeout", _RDZV_TIMEOUT, 30.0),
         )
 
     def _faults(
@@ -988,11 +1080,33 @@ class _ScenarioReader:
             raise self.ctx.error(
                 node, "faults", f"got {_describe_node(node)}; expected a list of faults"
             )
+        if len(node.value) > MAX_FAULTS:
+            raise self.ctx.error(
+                node,
+                "faults",
+                f"got {len(node.value)} faults; expected at most {MAX_FAULTS} (use rate "
+                "faults, every:, for many)",
+            )
         faults: list[Fault | RateFault] = []
         refs: list[_NodeRef] = []
         expected_draws = 0.0
+        joined_nodes = 0.0
         for index, item in enumerate(node.value):
             fault = self._fault(item, f"faults[{index}]", index, cluster, rendezvous, until, refs)
+            if fault.kind is FaultKind.NODE_JOIN:
+                draws = 1.0
+                if isinstance(fault, RateFault):
+                    end = until if fault.end is None else fault.end
+                    draws = 2 * (end - fault.start) / fault.every  # the most expand draws
+                joined_nodes += draws * (fault.count or 1)
+                total = cluster.nodes + cluster.spare_nodes + joined_nodes
+                if total > _MAX_NODES:
+                    raise self.ctx.error(
+                        item,
+                        f"faults[{index}]",
+                        f"node_join faults bring the nodes that can exist to {total:.0f}; "
+                        f"expected at most {_MAX_NODES} in all",
+                    )
             if isinstance(fault, RateFault):
                 end = until if fault.end is None else fault.end
                 expected_draws += (end - fault.start) / fault.every
@@ -1110,24 +1224,31 @@ class _ScenarioReader:
     ) -> None:
         """Refuse node indices that never exist (or do not exist yet, for a timed fault)."""
         base = cluster.nodes + cluster.spare_nodes
-        joins = [
+        joins = sorted(
             (f.at, i, f.count or 1)
             for i, f in enumerate(faults)
             if isinstance(f, Fault) and f.kind is FaultKind.NODE_JOIN
-        ]
+        )
+        # prefix sums over joins in (time, index) order: one bisect per reference, not a
+        # pass over every join (quadratic in a file of many joins and references)
+        keys = [(when, i) for when, i, _ in joins]
+        before = [0]
+        for _, _, count in joins:
+            before.append(before[-1] + count)
         rate_join_starts = [
             f.start for f in faults if isinstance(f, RateFault) and f.kind is FaultKind.NODE_JOIN
         ]
-        all_joined = sum(count for _, _, count in joins)
+        first_rate_join = min(rate_join_starts, default=None)
+        all_joined = before[-1]
         for ref in refs:
             if ref.at is None:
                 if rate_join_starts:
                     continue  # nodes brought by drawn joins are unknown until expansion
                 joined, why = all_joined, "that can ever exist"
             else:
-                if any(start < ref.at for start in rate_join_starts):
+                if first_rate_join is not None and first_rate_join < ref.at:
                     continue
-                joined = sum(c for when, i, c in joins if (when, i) < (ref.at, ref.index))
+                joined = before[bisect.bisect_left(keys, (ref.at, ref.index))]
                 why = f"that exist at {format_duration(ref.at)}"
             bound = base + joined
             if ref.value >= bound:
@@ -1180,6 +1301,9 @@ class _ScenarioReader:
         return Bound(min=low, max=high)
 
 
+_RDZV_TIMEOUT = _Duration(positive=True, least=_MIN_RDZV_TIMEOUT)
+
+
 def _param_reader(name: str, cluster: Cluster) -> _Reader[Any]:
     if name == "node":
         # the upper bound depends on node_join faults; _check_nodes applies it afterwards
@@ -1191,7 +1315,7 @@ def _param_reader(name: str, cluster: Cluster) -> _Reader[Any]:
     if name == "count":
         return _Int(1, _MAX_NODES)
     if name == "factor":
-        return _Real(1.0, lo_open=True)
+        return _Real(1.0, _MAX_FACTOR, lo_open=True)
     if name == "nodes":
         return _NodeList()
     if name in ("restart_after", "notice"):
@@ -1210,13 +1334,20 @@ class _NodeList:
     def read(self, ctx: _Ctx, node: yaml.Node, path: str) -> tuple[int, ...]:
         if not isinstance(node, yaml.SequenceNode) or not node.value:
             raise ctx.error(node, path, f"got {_describe_node(node)}; expected {self.expected}")
+        if len(node.value) > _MAX_NODES:
+            raise ctx.error(
+                node, path, f"got {len(node.value)} nodes; expected at most {_MAX_NODES}"
+            )
         numbers: list[int] = []
+        seen: set[int] = set()  # a set: a list's `in` made a long list quadratic
+        reader = _Int(0, _MAX_NODES)
         for position, item in enumerate(node.value):
-            number = _Int(0, _MAX_NODES).read(ctx, item, f"{path}[{position}]")
-            if number in numbers:
+            number = reader.read(ctx, item, f"{path}[{position}]")
+            if number in seen:
                 raise ctx.error(
                     item, f"{path}[{position}]", f"got {number} twice; expected {self.expected}"
                 )
+            seen.add(number)
             numbers.append(number)
         return tuple(numbers)
 
@@ -1245,6 +1376,7 @@ def expand_faults(scenario: Scenario, rng: random.Random) -> list[Fault]:
     """
     base = rng.getrandbits(64)
     occurrences: list[tuple[float, int, int, Fault | RateFault]] = []
+    drawn = 0
     for index, spec in enumerate(scenario.faults):
         if isinstance(spec, Fault):
             occurrences.append((spec.at, index, 0, spec))
@@ -1260,7 +1392,9 @@ def expand_faults(scenario: Scenario, rng: random.Random) -> list[Fault]:
                 break
             occurrences.append((at, index, sequence, spec))
             sequence += 1
-            if len(occurrences) > 2 * MAX_EXPANDED_FAULTS:
+            drawn += 1
+            # only drawn faults count: the file's own are bounded by MAX_FAULTS at load
+            if drawn > 2 * MAX_EXPANDED_FAULTS:
                 raise ConfigError(
                     scenario.source,
                     f"faults[{index}]: drew more than {2 * MAX_EXPANDED_FAULTS} faults; "

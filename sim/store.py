@@ -3,18 +3,40 @@ outages and partitions.
 
 Each node's agent talks to the store through its own :class:`SimStoreClient`.  An
 operation costs one simulated round trip (``latency``; zero latency costs no event).
-During a store outage, or while a node is cut off from the store, the node's
-operations wait until the store is reachable again (a retrying client).  A node cut
-off by a partition stops renewing its leases: they expire ``ttl`` after the cut unless
-it heals first.  A store outage expires nobody's lease (no store runs to expire them).
-A node crash abandons every lease its client holds.  No event is spent per lease
-renewal (DESIGN §2).
+
+The fault model (what etcd and a TCP store really do)
+-----------------------------------------------------
+* **Request leg.**  An operation starts only when its client can reach the store: during
+  a store outage, or while the node is cut off from the store, the request waits until
+  the store is reachable again (a retrying client, as etcd's and torch's TCPStore client
+  reconnect).
+* **In flight.**  An operation already accepted by the store (a ``get`` waiting for its
+  key, a ``watch`` waiting for a revision) is executed by the store, but its answer — a
+  value, a wake-up, a timeout — travels back over the same link: if the link is down
+  (outage or partition) when the answer is ready, the answer is held until the link heals.
+  A cut-off node therefore neither completes an operation nor receives a wake-up.
+* **Partition.**  A node cut off from the store stops renewing its leases (renewals are
+  messages too): they expire ``ttl`` after the cut unless the link heals first, in which
+  case renewals resume and nothing expires.  The store host's side keeps running and
+  expires them (etcd's leader and a TCPStore host both expire on their own clock).
+* **Store outage.**  The store host is down: no lease expires while no store runs, and
+  when it comes back every abandoned lease expires no sooner than ``ttl`` after its
+  return (etcd's new leader extends every lease by its full TTL, ``lessor.Promote``).
+  An outage therefore expires nobody's lease: a node that died before or during the
+  outage is seen dead ``ttl`` after the store returns.
+* **Crash.**  A node crash abandons every lease its client holds, for good.
+* **Revoke** is an operation like any other: a node that cannot reach the store cannot
+  revoke; a node leaving while cut off abandons its leases instead.
+
+No event is spent per lease renewal (DESIGN §2), and with no fault active an operation
+costs exactly the events it did before the fault model: the reachability checks are
+plain attribute reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from elastic.clock import OneShot
 from elastic.memstore import MemoryStore
@@ -22,6 +44,8 @@ from elastic.store import Lease
 from sim.clock import SimClock
 
 __all__ = ["SimStoreClient", "SimStoreHost"]
+
+T = TypeVar("T")
 
 
 class SimStoreHost:
@@ -48,11 +72,38 @@ class SimStoreHost:
         # etcd extends leases across a leader change); operations wait for it to return.
         if self._down_until is None:
             self._down_until = self.clock.event()
+            self.store.pause_expiry()
 
     def outage_end(self) -> None:
         ev, self._down_until = self._down_until, None
         if ev is not None:
+            self.store.resume_expiry()
             ev.set()
+
+
+class _ClientLease:
+    """A lease as its owner's client sees it: revoking it is an operation on the link."""
+
+    __slots__ = ("_client", "id", "inner", "ttl")
+
+    def __init__(self, client: SimStoreClient, inner: Lease) -> None:
+        self._client = client
+        self.inner = inner
+        self.id = inner.id
+        self.ttl = inner.ttl
+
+    def alive(self) -> bool:
+        return self.inner.alive()
+
+    def abandon(self) -> None:
+        self.inner.abandon()
+
+    async def revoke(self) -> None:
+        await self._client._call(self.inner.revoke)
+
+
+def _inner(lease: Lease | None) -> Lease | None:
+    return lease.inner if isinstance(lease, _ClientLease) else lease
 
 
 class SimStoreClient:
@@ -69,6 +120,11 @@ class SimStoreClient:
     def cut(self) -> bool:
         return self._cut_until is not None
 
+    @property
+    def reachable(self) -> bool:
+        """Whether a message on this node's link to the store gets through now."""
+        return self._cut_until is None and self.host._down_until is None
+
     # -- faults ------------------------------------------------------------------------
     def partition_start(self) -> None:
         if self._cut_until is None:
@@ -78,8 +134,8 @@ class SimStoreClient:
     def partition_end(self) -> None:
         ev, self._cut_until = self._cut_until, None
         if ev is not None:
-            ev.set()
             self._heal_leases()
+            ev.set()
 
     def crash(self) -> None:
         """The node died: its leases stop being renewed, for good."""
@@ -87,6 +143,17 @@ class SimStoreClient:
         for lease in self._leases:
             lease.abandon()
         self._leases = []
+
+    async def leave(self) -> None:
+        """A graceful leave: revoke the node's leases if the store can hear it, else they
+        are abandoned (and expire ``ttl`` later, on the store's side)."""
+        leases, self._leases = self._leases, []
+        if self.reachable:
+            for lease in leases:
+                await self._call(lease.revoke)
+        for lease in leases:
+            lease.abandon()  # no-op for a revoked lease
+        self.dead = True
 
     def _cut_leases(self) -> None:
         for lease in self._leases:
@@ -101,7 +168,8 @@ class SimStoreClient:
                 alive.append(lease)
         self._leases = alive
 
-    async def _rtt(self) -> None:
+    async def _link(self) -> None:
+        """Wait until a message on this node's link gets through."""
         while True:
             if self.host._down_until is not None:
                 await self.host._down_until.wait()
@@ -109,60 +177,68 @@ class SimStoreClient:
             if self._cut_until is not None:
                 await self._cut_until.wait()
                 continue
-            break
+            return
+
+    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
+        """One round trip: the request waits for the link, the store executes it, and the
+        answer (or error) waits for the link again before the caller sees it."""
+        if not self.reachable:
+            await self._link()
         if self.host.latency > 0:
             await self.host.clock.sleep(self.host.latency)
+            if not self.reachable:  # the link failed while the request travelled
+                await self._link()
+        try:
+            result = await op()
+        except Exception:  # an error travels back too; a cancellation stays local
+            if not self.reachable:
+                await self._link()
+            raise
+        if not self.reachable:
+            await self._link()
+        return result
 
     # -- the port ----------------------------------------------------------------------
     async def set(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
-        await self._rtt()
-        await self.host.store.set(key, value, lease=lease)
+        await self._call(lambda: self.host.store.set(key, value, lease=_inner(lease)))
 
     async def get(self, key: str, timeout: float | None = None) -> bytes:
-        await self._rtt()
-        return await self.host.store.get(key, timeout)
+        return await self._call(lambda: self.host.store.get(key, timeout))
 
     async def try_get(self, key: str) -> bytes | None:
-        await self._rtt()
-        return await self.host.store.try_get(key)
+        return await self._call(lambda: self.host.store.try_get(key))
 
     async def add(self, key: str, amount: int) -> int:
-        await self._rtt()
-        return await self.host.store.add(key, amount)
+        return await self._call(lambda: self.host.store.add(key, amount))
 
     async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
-        await self._rtt()
-        return await self.host.store.compare_set(key, expected, desired)
+        return await self._call(lambda: self.host.store.compare_set(key, expected, desired))
 
     async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
-        await self._rtt()
-        await self.host.store.wait(keys, timeout)
+        await self._call(lambda: self.host.store.wait(keys, timeout))
 
     async def delete(self, key: str) -> bool:
-        await self._rtt()
-        return await self.host.store.delete(key)
+        return await self._call(lambda: self.host.store.delete(key))
 
     async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
-        await self._rtt()
-        return await self.host.store.multi_get(keys, timeout)
+        return await self._call(lambda: self.host.store.multi_get(keys, timeout))
 
     async def multi_set(self, items: Mapping[str, bytes]) -> None:
-        await self._rtt()
-        await self.host.store.multi_set(items)
+        await self._call(lambda: self.host.store.multi_set(items))
 
     async def grant_lease(self, ttl: float) -> Lease:
-        await self._rtt()
-        lease = await self.host.store.grant_lease(ttl)
-        if self.dead:
-            lease.abandon()
-        else:
-            self._leases.append(lease)
-        return lease
+        async def grant() -> Lease:
+            inner = await self.host.store.grant_lease(ttl)
+            if self.dead or self.cut:
+                inner.abandon()  # a dead or cut-off owner renews nothing
+            if not self.dead:
+                self._leases.append(inner)
+            return inner
+
+        return _ClientLease(self, await self._call(grant))
 
     async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
-        await self._rtt()
-        return await self.host.store.snapshot(prefix)
+        return await self._call(lambda: self.host.store.snapshot(prefix))
 
     async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
-        await self._rtt()
-        return await self.host.store.watch(prefix, after, timeout)
+        return await self._call(lambda: self.host.store.watch(prefix, after, timeout))

@@ -496,9 +496,9 @@ class SimGroup:
             if w.alive:
                 code = SIGKILL_EXIT if w.state is WState.HUNG else -sig
                 self._exit(w, code, ExitCause.STOPPED_BY_AGENT, reason="stopped_by_agent")
-        stopped = self._exits[before:]
-        self._returned = len(self._exits)
-        return stopped
+        # queued for next_exit too, as the real port does (the agent takes a stopped
+        # group's remaining exits for its failure report)
+        return self._exits[before:]
 
 
 class SimWorkers:

@@ -128,9 +128,7 @@ class SimNode:
 
     async def _revoke_leases(self) -> None:
         if self.store is not None:
-            for lease in list(self.store._leases):
-                await lease.revoke()
-            self.store.crash()
+            await self.store.leave()
 
 
 class Cluster:

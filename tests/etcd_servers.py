@@ -16,6 +16,9 @@ Use::
         i = cluster.leader()                # index of the current leader
         cluster.kill(i)                     # SIGKILL it (the others elect a new one)
 
+    EtcdCluster(binary, tls=True)           # https, client certificates required:
+                                            # cluster.ca, .client_cert, .client_key
+
 Fixtures for test modules (import them into the module, or into a conftest)::
 
     from tests.etcd_servers import etcd_single, etcd_cluster  # noqa: F401
@@ -35,6 +38,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -100,11 +104,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _post(url: str, body: dict[str, object], timeout: float = 2.0) -> dict[str, object]:
+def _post(
+    url: str, body: dict[str, object], timeout: float = 2.0, context: ssl.SSLContext | None = None
+) -> dict[str, object]:
     req = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
         out: dict[str, object] = json.loads(r.read())
         return out
 
@@ -112,9 +118,10 @@ def _post(url: str, body: dict[str, object], timeout: float = 2.0) -> dict[str, 
 class EtcdCluster:
     """``members`` etcd processes of ``binary`` forming one cluster on loopback."""
 
-    def __init__(self, binary: str, members: int = 1) -> None:
+    def __init__(self, binary: str, members: int = 1, *, tls: bool = False) -> None:
         self.binary = binary
         self.size = members
+        self.tls = tls  # clients speak https and must show a certificate of our CA
         self.version = _version(binary)
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.data_root = Path(tempfile.mkdtemp(prefix="elastic-etcd-", dir=base))
@@ -139,8 +146,55 @@ class EtcdCluster:
     ) -> None:
         self.stop()
 
+    # -- TLS -----------------------------------------------------------------------------
+    @property
+    def tls_dir(self) -> Path:
+        return self.data_root / "tls"
+
+    @property
+    def ca(self) -> str:
+        return str(self.tls_dir / "ca.pem")
+
+    @property
+    def client_cert(self) -> str:
+        return str(self.tls_dir / "client.pem")
+
+    @property
+    def client_key(self) -> str:
+        return str(self.tls_dir / "client.key")
+
+    def _make_certs(self) -> None:
+        """A throw-away CA, a server certificate for 127.0.0.1 and a client certificate."""
+        d = self.tls_dir
+        d.mkdir(parents=True, exist_ok=True)
+        key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+        def run(*args: str) -> None:
+            subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+        run("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+            "-subj", "/CN=elastic-test-ca")  # fmt: skip
+        for name, usage in (("server", "serverAuth,clientAuth"), ("client", "clientAuth")):
+            (d / f"{name}.ext").write_text(
+                f"subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"
+            )
+            run("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                "-subj", f"/CN={name}")  # fmt: skip
+            run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", f"{name}.pem", "-days", "1",
+                "-extfile", f"{name}.ext")  # fmt: skip
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=self.ca)
+        ctx.load_cert_chain(self.client_cert, self.client_key)
+        return ctx
+
     def start(self, attempts: int = 3) -> None:
         """Start every member; retry on fresh ports if one lost a port race."""
+        if self.tls:
+            self._make_certs()
         for attempt in range(attempts):
             self.client_ports = [free_port() for _ in range(self.size)]
             self.peer_ports = [free_port() for _ in range(self.size)]
@@ -152,13 +206,13 @@ class EtcdCluster:
                 return
             except RuntimeError:
                 self._kill_all()
-                shutil.rmtree(self.data_root, ignore_errors=True)
-                self.data_root.mkdir(parents=True)
+                for i in range(self.size):
+                    shutil.rmtree(self.data_root / f"m{i}", ignore_errors=True)
                 if attempt == attempts - 1:
                     raise
 
     def _spawn(self, i: int, initial: str, token: str) -> subprocess.Popen[bytes]:
-        client = f"http://127.0.0.1:{self.client_ports[i]}"
+        client = f"{self.scheme}://127.0.0.1:{self.client_ports[i]}"
         peer = f"http://127.0.0.1:{self.peer_ports[i]}"
         args = [
             self.binary,
@@ -176,6 +230,14 @@ class EtcdCluster:
         ]
         if self.version >= (3, 5):
             args.append("--unsafe-no-fsync")  # test data: speed over durability
+        if self.tls:
+            d = self.tls_dir
+            args += [
+                f"--cert-file={d / 'server.pem'}",
+                f"--key-file={d / 'server.key'}",
+                f"--trusted-ca-file={d / 'ca.pem'}",
+                "--client-cert-auth",
+            ]
         log = open(self.data_root / f"m{i}.log", "ab")  # noqa: SIM115 (kept by the child)
         try:
             return subprocess.Popen(
@@ -198,8 +260,8 @@ class EtcdCluster:
 
     def _healthy(self, i: int) -> bool:
         try:
-            url = f"http://127.0.0.1:{self.client_ports[i]}/health"
-            with urllib.request.urlopen(url, timeout=2) as r:
+            url = f"{self.scheme}://127.0.0.1:{self.client_ports[i]}/health"
+            with urllib.request.urlopen(url, timeout=2, context=self._ssl_context()) as r:
                 return bool(json.loads(r.read()).get("health") == "true")
         except (OSError, ValueError):
             return False
@@ -220,6 +282,10 @@ class EtcdCluster:
         shutil.rmtree(self.data_root, ignore_errors=True)
 
     # -- inspection and faults ---------------------------------------------------------
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
     @property
     def endpoints(self) -> list[str]:
         return [f"127.0.0.1:{p}" for p in self.client_ports]
@@ -243,7 +309,8 @@ class EtcdCluster:
         self.procs[i] = None
 
     def status(self, i: int) -> dict[str, object]:
-        return _post(f"http://127.0.0.1:{self.client_ports[i]}/v3/maintenance/status", {})
+        url = f"{self.scheme}://127.0.0.1:{self.client_ports[i]}/v3/maintenance/status"
+        return _post(url, {}, context=self._ssl_context())
 
     def leader(self, timeout: float = 30.0) -> int:
         """The index of the member that is leader now, as the live members report it."""

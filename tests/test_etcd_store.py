@@ -11,6 +11,9 @@ the defaults), so lease timings here are seconds where MemoryStore's are millise
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -372,3 +375,55 @@ def test_the_helper_kills_its_servers_and_removes_their_data_even_on_failure() -
     assert data is not None and not data.exists()
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_member_that_stops_answering_gives_timeouterror_after_read_timeout() -> None:
+    with EtcdCluster(etcd_binary("distro"), members=1) as cluster:
+
+        async def body() -> float:
+            c = await EtcdStoreClient.connect(cluster.endpoints, read_timeout=1)
+            try:
+                await c.set("k", b"v")
+                os.kill(cluster.pid(0), signal.SIGSTOP)  # alive, but silent
+                t0 = time.monotonic()
+                try:
+                    with pytest.raises(TimeoutError, match="read_timeout=1s"):
+                        await c.try_get("k")
+                    return time.monotonic() - t0
+                finally:
+                    os.kill(cluster.pid(0), signal.SIGCONT)
+            finally:
+                await c.aclose()
+
+        assert within(shared_loop().run(body()), 1.0, slack=3.0)
+
+
+def test_https_with_a_client_certificate_and_refused_without_one() -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (it makes the test certificates)")
+    with EtcdCluster(etcd_binary("distro"), tls=True) as cluster:
+
+        async def body() -> tuple[bytes, str]:
+            c = await EtcdStoreClient.connect(
+                cluster.endpoints,
+                protocol="https",
+                cacert=cluster.ca,
+                cert=cluster.client_cert,
+                key=cluster.client_key,
+            )
+            try:
+                await c.set("k", b"over tls")
+                got = await c.get("k", timeout=5)
+            finally:
+                await c.aclose()
+            try:  # the server demands a client certificate
+                await EtcdStoreClient.connect(
+                    cluster.endpoints, protocol="https", cacert=cluster.ca, read_timeout=1
+                )
+            except StoreError as e:
+                return got, str(e)
+            raise AssertionError("a client without a certificate was let in")
+
+        got, refused = shared_loop().run(body())
+    assert got == b"over tls"
+    assert cluster.endpoints[0] in refused

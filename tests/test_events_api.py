@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import elastic.events
 from elastic.events import api
 
@@ -43,3 +45,60 @@ def test_unknown_names_still_raise_attribute_error() -> None:
         assert "NoSuchThing" in str(e)
     else:
         raise AssertionError("expected AttributeError")
+
+
+def test_get_logging_handler_has_torchs_destinations() -> None:
+    import logging
+
+    from elastic.events import get_logging_handler
+
+    assert isinstance(get_logging_handler(), logging.NullHandler)
+    assert isinstance(get_logging_handler("null"), logging.NullHandler)
+    assert isinstance(get_logging_handler("dynamic_rendezvous"), logging.NullHandler)
+    assert isinstance(get_logging_handler("console"), logging.StreamHandler)
+    with pytest.raises(KeyError):
+        get_logging_handler("nope")
+
+
+def test_construct_and_record_rdzv_event_records_torchs_fields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+    import logging
+    import os
+
+    from elastic.events import NodeState, construct_and_record_rdzv_event, handlers
+
+    class Keep(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
+
+    # the default (NullHandler) records nothing and computes nothing
+    construct_and_record_rdzv_event("r", "quiet", NodeState.INIT)
+    keep = Keep()
+    monkeypatch.setitem(handlers._log_handlers, "dynamic_rendezvous", keep)
+    monkeypatch.setattr("elastic.events.api._events_loggers", {})
+
+    def caller() -> None:
+        construct_and_record_rdzv_event(
+            run_id="r", message="joined", node_state=NodeState.RUNNING, hostname="h", rank=3
+        )
+
+    caller()
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        construct_and_record_rdzv_event("r", "failed", NodeState.FAILED, name="step")
+    ran, failed = (json.loads(line) for line in keep.lines)
+    assert ran["name"] == "test_events_api.py:caller"
+    assert (ran["run_id"], ran["message"], ran["hostname"], ran["rank"]) == ("r", "joined", "h", 3)
+    assert ran["pid"] == os.getpid() and ran["node_state"] == "RUNNING"
+    assert ran["error_trace"] == "" and ran["master_endpoint"] == "" and ran["local_id"] is None
+    assert (
+        failed["name"] == "test_events_api.py:step"
+        and "RuntimeError: boom" in (failed["error_trace"])
+    )

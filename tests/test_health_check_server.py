@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -172,3 +175,84 @@ def test_torch_interface_is_kept() -> None:
     srv = create_healthcheck_server(cb, port=0, timeout=60)
     assert srv.alive_callback is cb
     srv.stop()  # stopping a server that never started is fine
+
+
+# -- issue 15, item 10: slow clients, floods ----------------------------------------------
+
+
+def test_a_slow_client_is_closed_at_the_request_deadline_however_it_trickles() -> None:
+    srv = HealthCheckServer(lambda: 0, port=0, timeout=60, request_timeout=0.5)
+    srv.start()
+    try:
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+            closed_after = None
+            for byte in b"GET /health HTTP/1.0\r\nX: " + b"a" * 100:
+                try:
+                    s.sendall(bytes([byte]))
+                    s.settimeout(0.1)
+                    if s.recv(4096) == b"":
+                        closed_after = time.monotonic() - t0
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    closed_after = time.monotonic() - t0
+                    break
+        assert closed_after is not None, "a trickling client kept its connection"
+        assert closed_after < 5.0
+        assert request(srv, "GET", "/health")[0] == 503  # still serving
+    finally:
+        srv.stop()
+
+
+def test_connections_beyond_the_cap_are_closed_and_served_ones_still_answer() -> None:
+    srv = HealthCheckServer(lambda: 0, port=0, timeout=1e12, max_connections=4, request_timeout=3)
+    srv.start()
+    idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(4)]
+    try:
+        deadline = time.monotonic() + 10
+        while srv._httpd is None or srv._httpd._active < 4:  # all four are being served
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        threads_before = threading.active_count()
+        extra = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(20)]
+        for s in extra:  # closed by the server without an answer
+            with contextlib.suppress(ConnectionResetError):
+                assert s.recv(10) == b""
+            s.close()
+        assert threading.active_count() <= threads_before + 1
+    finally:
+        for s in idle:
+            s.close()
+    # the idle ones are gone: the server answers again
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert request(srv, "GET", "/health")[0] == 200
+            break
+        except (ConnectionError, http.client.HTTPException):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    srv.stop()
+
+
+def test_fifty_simultaneous_clients_are_all_accepted() -> None:
+    srv = HealthCheckServer(lambda: 0, port=0, timeout=1e12)
+    srv.start()
+    try:
+        socks = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(50)]
+        for s in socks:
+            s.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+        answers = [s.recv(12) for s in socks]
+        for s in socks:
+            s.close()
+        assert all(a.startswith(b"HTTP/1.0 200") for a in answers)
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 99999, True])
+def test_a_port_out_of_range_is_a_value_error_naming_it(port: Any) -> None:
+    with pytest.raises(ValueError, match=r"expected 0\.\.65535"):
+        HealthCheckServer(lambda: 0, port=port, timeout=1)

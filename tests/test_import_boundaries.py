@@ -47,12 +47,14 @@ MUST_BE_PURE = [
     "elastic/agent/server/api.py",
     "elastic/rendezvous/_core.py",
     "elastic/rendezvous/dynamic.py",
+    "elastic/rendezvous/dynamic_rendezvous.py",
     "elastic/rendezvous/static.py",
     "elastic/rendezvous/api.py",
     "elastic/timer/table.py",
     "elastic/timer/driver.py",
     "elastic/timer/api.py",
     "elastic/events/__init__.py",
+    "elastic/testing/store.py",
 ]
 
 

@@ -313,9 +313,9 @@ def test_a_launch_with_a_number_of_workers_and_no_driver_imports_no_gpu_module(
     code = (
         "import sys; from elastic.agent.server import local_elastic_agent as lae; "
         f"lae.NVIDIA_CONTROL_DEVICE = {str(tmp_path / 'no-such-device')!r}; "
-        "from elastic.run import main; "
-        f"code = main(['--standalone', '--nproc-per-node', '2', '--log-dir', {str(tmp_path)!r}, "
-        "'--no-python', '/bin/true']); "
+        "from elastic.run import cli_main; "
+        "code = cli_main(['--standalone', '--nproc-per-node', '2', "
+        f"'--log-dir', {str(tmp_path)!r}, '--no-python', '/bin/true']); "
         "print(code, 'elastic.gpu' in sys.modules, 'pynvml' in sys.modules)"
     )
     out = subprocess.run(

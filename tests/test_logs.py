@@ -197,3 +197,38 @@ def test_tee_sink_writes_raw_bytes_to_the_file_and_prefixed_lines_to_the_console
     tee.close()
     assert file.data == b"a\nbc\n" and file.closed
     assert console.data == b"[t1]:a\n[t1]:bc\n" and not console.closed
+
+
+def test_tee_sink_holds_a_partial_line_until_its_newline_or_close() -> None:
+    file, console = _Sink(), _Sink()
+    tee = TeeSink(file, console, "[t1]:")
+    tee.feed(b"one\ntw")
+    assert console.data == b"[t1]:one\n"  # "tw" is not on the console yet
+    tee.feed(b"o")
+    assert console.data == b"[t1]:one\n"
+    tee.feed(b"\nthree")
+    assert console.data == b"[t1]:one\n[t1]:two\n"
+    tee.close()
+    assert console.data == b"[t1]:one\n[t1]:two\n[t1]:three\n"
+    assert file.data == b"one\ntwo\nthree"  # the file keeps the bytes as written
+
+
+def test_tee_sink_writes_an_overlong_line_in_whole_pieces() -> None:
+    from elastic.multiprocessing.tail import MAX_HELD_LINE
+
+    writes: list[bytes] = []
+
+    class _Console(_Sink):
+        def write(self, data: bytes, /) -> int:
+            writes.append(data)
+            return super().write(data)
+
+    tee = TeeSink(None, _Console(), "[t]:")
+    for _ in range(3):
+        tee.feed(b"x" * (MAX_HELD_LINE // 2 + 1))
+    tee.feed(b"y\n")
+    tee.close()
+    assert all(w.endswith(b"\n") and w.startswith(b"[t]:") for w in writes)
+    assert (
+        b"".join(w[len(b"[t]:") : -1] for w in writes) == b"x" * 3 * (MAX_HELD_LINE // 2 + 1) + b"y"
+    )

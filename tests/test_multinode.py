@@ -158,6 +158,23 @@ def test_when_the_store_host_dies_the_others_stop_with_one_line_naming_the_store
         assert f"127.0.0.1:{port}" in err, err
 
 
+@pytest.mark.timeout(90)
+def test_a_store_host_told_to_stop_does_not_wait_for_the_others_to_leave(
+    tmp_path: Path, tag: str
+) -> None:
+    port = free_port()
+    conf = FAST + ",read_timeout=5,close_timeout=30"
+    with Job(tmp_path, tag) as job:
+        start_host_first(job, port, ["a", "b"], c10d(port, "2", conf=conf))
+        job.wait_for(lambda s: len(s) == 2, what="2 workers")
+        t0 = time.time()
+        job.signal("a", signal.SIGTERM)
+        assert job.wait("a", 30) == 1
+        assert time.time() - t0 < 10  # not the 30 s a finished host lingers for the others
+        assert job.wait("b", 60) == 1
+        assert "Traceback" not in job.outputs["b"][1]
+
+
 @pytest.mark.timeout(60)
 def test_a_wrong_token_is_refused_with_one_line(tmp_path: Path, tag: str) -> None:
     port = free_port()

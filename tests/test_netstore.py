@@ -27,6 +27,11 @@ from elastic.real.netstore_protocol import (
     encode_ok,
     encode_request,
 )
+from elastic.rendezvous.dynamic import (
+    DynamicRendezvousHandler,
+    RendezvousSettings,
+    RendezvousTimeout,
+)
 
 T = TypeVar("T")
 pytestmark = pytest.mark.timeout(60)
@@ -168,6 +173,50 @@ def test_a_cancelled_wait_is_dropped_by_the_server() -> None:
             await asyncio.sleep(0.05)
             conn = next(iter(server._conns))
             assert conn.pending == {}
+            await c.aclose()
+
+    run(body)
+
+
+# -- the dynamic rendezvous over the network store ------------------------------------
+
+
+def test_a_dynamic_rendezvous_of_three_agents_each_on_its_own_connection() -> None:
+    async def body() -> None:
+        async with serving(token="tok") as server:
+            clock = AsyncioClock()
+            ids = ["n2", "n0", "n1"]
+            clients = [await client(server, token="tok") for _ in ids]
+            settings = RendezvousSettings("job", 3, 3, RendezvousTimeout(20.0, 0.2, 5.0))
+            handlers = [
+                DynamicRendezvousHandler(n, f"host-{n}", settings, "c10d", c, clock, lease_ttl=2.0)
+                for n, c in zip(ids, clients, strict=True)
+            ]
+            infos = await asyncio.gather(*(h.next_rendezvous_async() for h in handlers))
+            assert [i.rank for i in infos] == [2, 0, 1]
+            assert {i.world_size for i in infos} == {3}
+            assert {i.round for i in infos} == {infos[0].round}
+            assert {i.bootstrap_store_info.master_addr for i in infos} == {"host-n0"}
+            for h in handlers:
+                await h.shutdown_async()
+            for c in clients:
+                await c.aclose()
+
+    run(body)
+
+
+def test_a_lease_the_server_expired_is_refused_by_name_and_marked_dead() -> None:
+    async def body() -> None:
+        async with serving() as server:
+            c = await client(server)
+            lease = await c.grant_lease(0.2)
+            lease.abandon()
+            await asyncio.sleep(0.5)
+            with pytest.raises(StoreError, match=f"lease {lease.id} is unknown to this store"):
+                await c.set("k", b"v", lease=lease)
+            assert not lease.alive()
+            with pytest.raises(StoreError, match="has expired"):  # refused locally now
+                await c.set("k", b"v", lease=lease)
             await c.aclose()
 
     run(body)

@@ -79,7 +79,8 @@ def test_wait_stalled_returns_the_rank_that_stops_beating(world: str) -> None:
 
     stuck, took, wakeups = run_in(world, body)
     assert stuck == [1]
-    assert 0.5 <= took <= 0.5 + (0.1 if world == "real" else 1e-9)
+    # real: the beats are sleeps, late on a loaded machine, and the stall is timed from the last
+    assert 0.5 <= took <= 0.5 + (0.4 if world == "real" else 1e-9)
     assert wakeups <= 4  # not one per beat (~14 beats happened)
 
 

@@ -15,7 +15,7 @@ from elastic.rendezvous import (
     RendezvousStateError,
     RendezvousTimeoutError,
 )
-from elastic.rendezvous.dynamic import (
+from elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousSettings,
     RendezvousTimeout,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from datetime import timedelta
 
 import pytest
@@ -16,7 +17,7 @@ from elastic.rendezvous import (
     RendezvousParameters,
     get_rendezvous_handler,
 )
-from elastic.rendezvous.dynamic import (
+from elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousSettings,
     RendezvousTimeout,
@@ -46,9 +47,50 @@ def test_get_rendezvous_handler_accepts_the_ports_as_keywords() -> None:
     assert isinstance(h, DynamicRendezvousHandler) and h.node_id == "n7"
 
 
-def test_get_rendezvous_handler_without_ports_says_what_is_missing() -> None:
-    with pytest.raises(ValueError, match="needs the clock and store ports"):
-        get_rendezvous_handler(params())
+def test_get_rendezvous_handler_without_ports_builds_the_real_ports_as_torch_does() -> None:
+    h = get_rendezvous_handler(RendezvousParameters("c10d", "localhost:0", "no-ports", 1, 1))
+    assert isinstance(h, DynamicRendezvousHandler) and h.sync_runner is not None
+    info = h.next_rendezvous()  # torch's blocking call, min_nodes=1: completes alone
+    assert (info.rank, info.world_size) == (0, 1)
+    info.store.set("k", "v")  # torch's blocking Store methods
+    assert info.store.get("k") == b"v"
+    assert h.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_get_rendezvous_handler_without_ports_opens_the_network_store_for_several_nodes() -> None:
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = RendezvousParameters("c10d", f"127.0.0.1:{port}", "net", 2, 2, last_call_timeout=1)
+    handlers = [get_rendezvous_handler(p) for _ in range(2)]  # this process hosts the store
+    ranks: list[int] = []
+    threads = [
+        threading.Thread(target=lambda h=h: ranks.append(h.next_rendezvous().rank))
+        for h in handlers
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(ranks) == [0, 1]
+
+
+@pytest.mark.timeout(60)
+def test_get_rendezvous_handler_without_ports_names_a_store_it_cannot_reach() -> None:
+    from elastic.rendezvous import RendezvousConnectionError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    p = RendezvousParameters(
+        "c10d", f"127.0.0.1:{port}", "job", 1, 2, is_host="false", read_timeout=1
+    )
+    with pytest.raises(RendezvousConnectionError, match=f"127.0.0.1:{port}"):
+        get_rendezvous_handler(p)
 
 
 def test_unknown_backend_has_torchs_message() -> None:
@@ -61,13 +103,13 @@ def test_unknown_backend_has_torchs_message() -> None:
         get_rendezvous_handler(params("nope"), ctx())
 
 
-def test_etcd_backends_are_the_dynamic_rendezvous_on_the_given_store() -> None:
-    from elastic.rendezvous.dynamic import DynamicRendezvousHandler
+def test_etcd_backends_build_handlers_named_for_their_backend() -> None:
+    from elastic.rendezvous.etcd_rendezvous import EtcdRendezvousHandler
 
     for backend in ("etcd", "etcd-v2"):
-        handler = get_rendezvous_handler(params(backend), ctx())
-        assert isinstance(handler, DynamicRendezvousHandler)
-        assert handler.get_backend() == backend
+        h = get_rendezvous_handler(params(backend), ctx())
+        assert h.get_backend() == backend
+    assert isinstance(get_rendezvous_handler(params("etcd"), ctx()), EtcdRendezvousHandler)
 
 
 def test_register_refuses_empty_names_and_a_second_creator() -> None:

@@ -20,6 +20,7 @@ from elastic.run_args import (
     get_args_parser,
     parse,
     parse_args,
+    parse_min_max_nnodes,
     run_script_path,
 )
 
@@ -458,3 +459,12 @@ def test_launch_config_copies_rdzv_configs_and_applies_legacy_timeout() -> None:
     assert given == {"join_timeout": 5}
     with pytest.raises(ConfigError):
         LaunchConfig(1, 1, 1, shutdown_timeout=-1)
+
+
+def test_nnodes_errors_are_the_builtin_exceptions_torch_raises() -> None:
+    with pytest.raises(RuntimeError):
+        parse_min_max_nnodes("2:20:30")
+    with pytest.raises(ValueError):
+        parse_min_max_nnodes("two")
+    with pytest.raises(ConfigError, match="--nnodes"):
+        parse_min_max_nnodes("2:20:30")

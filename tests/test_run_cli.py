@@ -367,13 +367,13 @@ def test_no_sidecar_means_one_line_and_no_launch(
     # says so in one line instead of launching workers it could not protect
     import errno
 
-    from elastic.run import main
+    from elastic.run import cli_main
 
     def refuse(*a: object, **k: object) -> int:
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
 
     monkeypatch.setattr(os, "posix_spawn", refuse)
-    code = main(["--standalone", "--nproc-per-node", "1", "--no-python", "/bin/true"])
+    code = cli_main(["--standalone", "--nproc-per-node", "1", "--no-python", "/bin/true"])
     err = capsys.readouterr().err
     assert code == 1
     assert err.splitlines() == [

@@ -97,3 +97,56 @@ def test_log_line_prefix_template_from_the_environment(tmp_path: Path, tag: str)
     )
     assert p.returncode == 0, p.stderr
     assert sorted(p.stdout.splitlines()) == ["<default|0|0>out 0 0", "<default|1|1>out 1 0"]
+
+
+CHATTY = """
+    import os, sys
+    rank = os.environ["LOCAL_RANK"]
+    for i in range(300):
+        for name, stream in (("out", sys.stdout), ("err", sys.stderr)):
+            # each line in three writes, flushed apart: the pipe sees partial lines
+            stream.write(f"{name} {rank} {i} ")
+            stream.flush()
+            stream.write("x" * (i % 50))
+            stream.flush()
+            stream.write(" end\\n")
+            stream.flush()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_tee_never_glues_two_ranks_lines_on_a_shared_console(tmp_path: Path, tag: str) -> None:
+    """stdout and stderr of 3 chatty ranks share one console (as a terminal does): every
+    console line is one whole line of one rank and stream, and none is lost."""
+    import subprocess
+
+    from tests.test_run_cli import ELASTIC_RUN, env_for
+
+    train = script(tmp_path, CHATTY)
+    p = subprocess.run(
+        [
+            *ELASTIC_RUN,
+            "--nproc-per-node",
+            "3",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "-t",
+            "3",
+            train,
+        ],
+        env=env_for(tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=80,
+    )
+    assert p.returncode == 0, p.stdout[-2000:]
+    line = re.compile(rb"\[default(\d)\]:(out|err) (\d) (\d+) x* end")
+    seen: set[tuple[bytes, bytes, bytes]] = set()
+    for ln in p.stdout.splitlines():
+        if not ln.startswith(b"[default"):
+            continue  # the agent's own log lines
+        m = line.fullmatch(ln)
+        assert m is not None, f"a glued or broken console line: {ln[:200]!r}"
+        assert m.group(1) == m.group(3)
+        seen.add((m.group(2), m.group(3), m.group(4)))
+    assert len(seen) == 3 * 2 * 300

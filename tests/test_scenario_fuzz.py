@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -210,3 +211,16 @@ def scenarios(draw: st.DrawFn) -> Scenario:
 @given(scenarios())
 def test_any_valid_scenario_written_with_to_yaml_loads_back_equal(scenario: Scenario) -> None:
     assert load_scenario_text(scenario.to_yaml()) == scenario
+
+
+def test_a_key_with_a_newline_is_named_on_one_line() -> None:
+    from pathlib import Path
+
+    from elastic.errors import ConfigError
+    from sim.scenario import load_scenario_text
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "scenarios" / "worker_crash_restarts.yaml").read_text()
+    with pytest.raises(ConfigError) as e:  # an unknown top-level key, with a newline in it
+        load_scenario_text(text + '"late\\n2": 1\n', name="s.yaml")
+    assert "\n" not in str(e.value) and "late\\n2" in str(e.value)

@@ -38,6 +38,13 @@ def test_there_are_scenarios_for_each_required_behaviour() -> None:
         "pytorch_108158_147064_budget_not_bypassed",
         "worker_hang_timer",
         "worker_hang_heartbeat",
+        "preemption_with_notice",
+        "store_outage_shorter_than_lease",
+        "store_outage_longer_than_lease",
+        "network_partition_minority_node",
+        "network_partition_store_side",
+        "slow_node",
+        "node_crash_while_round_forms",
     ):
         assert required in names
 

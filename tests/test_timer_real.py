@@ -326,3 +326,33 @@ def test_local_server_drops_malformed_queue_messages() -> None:
         srv.stop()
         q.close()
         q.join_thread()
+
+
+def test_timer_of_a_worker_that_exited_holding_it_is_dropped_without_a_kill(
+    server: tuple[FileTimerServer, list[tuple[str, Any]], list[Reaped]],
+    fifo: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # torch's clear_timers drops the timers of processes no longer running: a worker
+    # that exits inside `expires` is not reported killed (it was not)
+    srv, events, reaped = server
+    # the deadline is taken after the imports (they can take longer than it on a loaded
+    # machine): the worker must have exited, holding the timer, before it expires
+    code = (
+        "import sys, time\n"
+        "from elastic.timer import FileTimerClient\n"
+        "FileTimerClient(sys.argv[1]).acquire('s', time.time() + float(sys.argv[2]))\n"
+    )
+    caplog.set_level("INFO", logger="elastic.timer")
+    worker = spawn(code, fifo, "0.3")
+    srv.set_worker_pids([worker.pid])
+    assert worker.wait(timeout=10) == 0
+    wait_for(lambda: srv._request_count == 1)
+    time.sleep(0.6)  # past the deadline, the server has looked at the timer
+    wait_for(lambda: not srv.get_expired_timers(time.time() + 1e6))
+    assert reaped == []
+    assert [name for name, _ in events] == ["watchdog started", "timer expired"]
+    # torch's debug hook saw the expired timer (run id, pid → the timer's JSON)
+    debug = [r for r in caplog.records if r.name == "elastic.timer.debug_info_logging"]
+    assert len(debug) == 1 and "run:[run0]" in debug[0].getMessage()
+    assert str(worker.pid) in debug[0].getMessage()

@@ -33,25 +33,52 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 from elastic._records import Frozen, set_fields
 
 if TYPE_CHECKING:
-    from elastic.events.api import Event, EventSource, NodeState, RdzvEvent, record
+    from elastic.events.api import (
+        Event,
+        EventMetadataValue,
+        EventSource,
+        NodeState,
+        RdzvEvent,
+        construct_and_record_rdzv_event,
+        get_logging_handler,
+        record,
+        record_rdzv_event,
+    )
 
 __all__ = [
     "AgentEvent",
     "Event",
+    "EventMetadataValue",
     "EventSink",
     "EventSource",
     "ListSink",
     "NodeState",
+    "NullSink",
     "RdzvEvent",
     "StreamSink",
     "TeeSink",
+    "construct_and_record_rdzv_event",
+    "get_logging_handler",
     "read_events",
     "record",
+    "record_rdzv_event",
 ]
 
 JSONScalar = str | int | float | bool | None
 
-_TORCH_API = frozenset({"Event", "EventSource", "NodeState", "RdzvEvent", "record"})
+_TORCH_API = frozenset(
+    {
+        "Event",
+        "EventMetadataValue",
+        "EventSource",
+        "NodeState",
+        "RdzvEvent",
+        "construct_and_record_rdzv_event",
+        "get_logging_handler",
+        "record",
+        "record_rdzv_event",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -138,6 +165,14 @@ class ListSink:
 
     def __len__(self) -> int:
         return len(self.events)
+
+
+class NullSink:
+    """Drops every event: the agent's sink when none is given (a list would grow with
+    every restart of a long-running job)."""
+
+    def emit(self, event: AgentEvent) -> None:
+        pass
 
 
 class StreamSink:

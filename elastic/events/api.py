@@ -1,16 +1,32 @@
-"""torch's ``torch.distributed.elastic.events`` API: ``Event``, ``EventSource``, ``record``.
+"""torch's ``torch.distributed.elastic.events`` API: ``Event``, ``EventSource``, ``record``,
+``RdzvEvent``, ``construct_and_record_rdzv_event``, ``get_logging_handler``.
 
 Kept for compatibility; the agent's own log uses :class:`elastic.events.AgentEvent`.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
+import os
+import traceback
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-__all__ = ["Event", "EventSource", "NodeState", "RdzvEvent", "record"]
+from elastic.events.handlers import get_logging_handler
+
+__all__ = [
+    "Event",
+    "EventMetadataValue",
+    "EventSource",
+    "NodeState",
+    "RdzvEvent",
+    "construct_and_record_rdzv_event",
+    "get_logging_handler",
+    "record",
+    "record_rdzv_event",
+]
 
 EventMetadataValue = str | int | float | bool | None
 
@@ -85,23 +101,79 @@ class RdzvEvent:
         return json.dumps(asdict(self))
 
 
-_log_handlers: dict[str, logging.Handler] = {
-    "console": logging.StreamHandler(),
-    "dynamic_rendezvous": logging.NullHandler(),
-    "null": logging.NullHandler(),
-}
+_events_loggers: dict[str, logging.Logger] = {}
 
 
 def _get_or_create_logger(destination: str = "null") -> logging.Logger:
-    handler = _log_handlers[destination]
-    logger = logging.getLogger(f"torchelastic-events-{destination}")
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    if handler not in logger.handlers:
+    """torch's: a logger per destination, not propagating, at ``LOGLEVEL`` (INFO)."""
+    logger = _events_loggers.get(destination)
+    if logger is None:
+        handler = get_logging_handler(destination)
+        logger = logging.getLogger(f"torchelastic-events-{destination}")
+        level = os.environ.get("LOGLEVEL", "INFO").upper()
+        logger.setLevel(level if level in logging.getLevelNamesMapping() else "INFO")
+        logger.propagate = False
         logger.addHandler(handler)
+        _events_loggers[destination] = logger
     return logger
 
 
 def record(event: Event, destination: str = "null") -> None:
     """Log ``event`` (serialized) to the handler named ``destination``."""
     _get_or_create_logger(destination).info(event.serialize())
+
+
+def record_rdzv_event(event: RdzvEvent) -> None:
+    """Log a rendezvous event to the ``dynamic_rendezvous`` handler."""
+    _get_or_create_logger("dynamic_rendezvous").info(event.serialize())
+
+
+def construct_and_record_rdzv_event(
+    run_id: str,
+    message: str,
+    node_state: NodeState,
+    name: str = "",
+    hostname: str = "",
+    pid: int | None = None,
+    master_endpoint: str = "",
+    local_id: int | None = None,
+    rank: int | None = None,
+) -> None:
+    """Build an :class:`RdzvEvent` and record it (torch's signature and defaults).
+
+    Nothing is computed while the ``dynamic_rendezvous`` handler is the default
+    ``NullHandler``.  ``name`` defaults to the caller's function, prefixed by its file;
+    ``hostname`` to this host's FQDN, ``pid`` to this process; a ``FAILED`` event carries
+    the traceback being handled.
+    """
+    if isinstance(get_logging_handler("dynamic_rendezvous"), logging.NullHandler):
+        return
+    if not hostname:
+        from elastic.launcher.api import fqdn
+
+        hostname = fqdn()
+    if not pid:
+        pid = os.getpid()
+    caller = inspect.currentframe()
+    caller = caller.f_back if caller is not None else None
+    filename = "no_file"
+    if caller is not None:
+        filename = os.path.basename(caller.f_code.co_filename)
+        if not name:
+            name = caller.f_code.co_name
+    del caller  # a frame kept alive holds its locals
+    error_trace = traceback.format_exc() if node_state == NodeState.FAILED else ""
+    record_rdzv_event(
+        RdzvEvent(
+            name=f"{filename}:{name}",
+            run_id=run_id,
+            message=message,
+            hostname=hostname,
+            pid=pid,
+            node_state=node_state,
+            master_endpoint=master_endpoint,
+            rank=rank,
+            local_id=local_id,
+            error_trace=error_trace,
+        )
+    )

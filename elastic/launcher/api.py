@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import sys
 from collections.abc import Callable
@@ -218,6 +219,9 @@ async def launch_agent_async(
     )
     if opened.hosting:
         logger.info("This agent hosts the rendezvous: %s", opened.where)
+    from elastic.agent.server.local_elastic_agent import SignalException
+
+    linger = _linger(config)
     try:
         return await _run_on_store(
             config,
@@ -230,8 +234,11 @@ async def launch_agent_async(
             health_check_server=health_check_server,
             reaper=reaper,
         )
+    except SignalException:
+        linger = 0.0  # told to stop: the others lose the store now, as they would on a kill
+        raise
     finally:
-        await opened.aclose(linger=_linger(config))
+        await opened.aclose(linger=linger)
 
 
 def _linger(config: LaunchConfig) -> float:
@@ -340,6 +347,7 @@ async def _run_on_store(
             signals_to_handle=config.signals_to_handle,
             node=node_id,
             reaper=reaper,
+            preload=config.preload,
         )
         from elastic.agent.server.local_elastic_agent import SignalException
 
@@ -359,6 +367,11 @@ async def _run_on_store(
         if event_file is not None:
             event_file.close()
 
+    succeeded = result is None or result.state == WorkerState.SUCCEEDED
+    if succeeded and config.logs_specs is None and not config.log_dir:
+        # our own torchelastic_* temp dir (no --log-dir): nothing in it is wanted after a
+        # run that did not fail; a failed run's is kept for the report's error files
+        shutil.rmtree(logs_specs.root_log_dir, ignore_errors=True)
     if result is None:
         return {}
     if result.state == WorkerState.SUCCEEDED:

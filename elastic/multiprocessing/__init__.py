@@ -2,9 +2,62 @@
 
 The process launcher itself is the real workers port,
 :class:`elastic.real.workers.ProcessWorkers`; this package holds what torch users touch:
-the log layout (:mod:`.api`), the console tee (:mod:`.tail`) and error files (:mod:`.errors`).
+the log layout (:mod:`.api`), torch's process contexts (``start_processes``,
+``PContext``, ``RunProcsResult``: :mod:`.pcontext`), the console tee (:mod:`.tail`) and
+error files (:mod:`.errors`).  The process contexts and ``ProcessFailure`` are imported
+on first use: ``elastic run`` imports this package and never needs them.
 """
 
-from elastic.multiprocessing.api import DefaultLogsSpecs, LogsDest, LogsSpecs, Std, to_map
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["DefaultLogsSpecs", "LogsDest", "LogsSpecs", "Std", "to_map"]
+from elastic.multiprocessing.api import (
+    DefaultLogsSpecs,
+    LogsDest,
+    LogsSpecs,
+    SignalException,
+    Std,
+    to_map,
+)
+
+if TYPE_CHECKING:
+    from elastic.multiprocessing.errors import ProcessFailure
+    from elastic.multiprocessing.pcontext import (
+        MultiprocessContext,
+        PContext,
+        RunProcsResult,
+        SubprocessContext,
+        start_processes,
+    )
+
+__all__ = [
+    "DefaultLogsSpecs",
+    "LogsDest",
+    "LogsSpecs",
+    "MultiprocessContext",
+    "PContext",
+    "ProcessFailure",
+    "RunProcsResult",
+    "SignalException",
+    "Std",
+    "SubprocessContext",
+    "start_processes",
+    "to_map",
+]
+
+_LAZY = {
+    "MultiprocessContext": "elastic.multiprocessing.pcontext",
+    "PContext": "elastic.multiprocessing.pcontext",
+    "RunProcsResult": "elastic.multiprocessing.pcontext",
+    "SubprocessContext": "elastic.multiprocessing.pcontext",
+    "start_processes": "elastic.multiprocessing.pcontext",
+    "ProcessFailure": "elastic.multiprocessing.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

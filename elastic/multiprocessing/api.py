@@ -29,12 +29,64 @@ import logging
 import os
 import re
 import shutil
+import signal
 import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import IntFlag
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["DefaultLogsSpecs", "LogsDest", "LogsSpecs", "Std", "to_map"]
+from elastic.errors import ElasticError
+
+if TYPE_CHECKING:
+    from elastic.multiprocessing.pcontext import (
+        MultiprocessContext,
+        PContext,
+        RunProcsResult,
+        SubprocessContext,
+    )
+
+__all__ = [
+    "DefaultLogsSpecs",
+    "LogsDest",
+    "LogsSpecs",
+    "MultiprocessContext",
+    "PContext",
+    "RunProcsResult",
+    "SignalException",
+    "Std",
+    "SubprocessContext",
+    "to_map",
+]
+
+# torch's process contexts live in .pcontext (they import the real launcher); they are
+# imported on first use so that `elastic run`'s import of this module stays light
+_PCONTEXT = frozenset({"MultiprocessContext", "PContext", "RunProcsResult", "SubprocessContext"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PCONTEXT:
+        from elastic.multiprocessing import pcontext
+
+        return getattr(pcontext, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class SignalException(ElasticError):
+    """The agent received a termination signal (torch's name; ``sigval`` is the signal).
+
+    Raised by :meth:`LocalElasticAgent.run` after the workers were stopped with the
+    same signal; ``elastic run`` exits 1, as torchrun does.
+    """
+
+    def __init__(self, msg: str, sigval: signal.Signals) -> None:
+        super().__init__(msg, sigval)
+        self.msg = msg
+        self.sigval = sigval
+
+    def __str__(self) -> str:
+        return self.msg
+
 
 logger = logging.getLogger(__name__)
 

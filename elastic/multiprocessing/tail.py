@@ -8,7 +8,12 @@ the file is printed with a header and its remainder again with a second header. 
 launcher reads the worker's pipe when the kernel says it is readable and hands each chunk
 to :meth:`TeeSink.feed`, which writes the chunk to the file unchanged and to the console
 with the header at the start of every *line* — a line split across chunks gets one
-header.  Nothing here waits or polls; the caller owns the pipe.
+header.  The console gets only whole lines, each write ending with ``\n``: every rank's
+stdout and stderr share the terminal, and a line written in two pieces would let another
+rank's line land between them (``[default0]:…[default1]:…`` on one console line).  A
+partial line is held until its newline arrives, the stream ends, or it reaches
+:data:`MAX_HELD_LINE` bytes (then it is written as a line of its own and continued, with
+a header, on the next).  Nothing here waits or polls; the caller owns the pipe.
 
 :class:`LinePrefixer` is the pure part (bytes in, bytes out) and is what the tests pin.
 """
@@ -17,7 +22,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["ByteSink", "LinePrefixer", "TeeSink", "default_header"]
+__all__ = ["MAX_HELD_LINE", "ByteSink", "LinePrefixer", "TeeSink", "default_header"]
+
+#: The longest partial line the console tee holds back waiting for its newline.
+MAX_HELD_LINE = 64 * 1024
 
 
 class ByteSink(Protocol):
@@ -74,25 +82,40 @@ class TeeSink:
     """Where one tee'd stream goes: ``file`` gets every byte, ``console`` the prefixed lines.
 
     ``file`` and ``console`` may be None (e.g. a rank outside ``local_ranks_filter`` still
-    writes its file).  Each :meth:`feed` is flushed at once so a crash loses nothing that
-    the worker wrote.
+    writes its file).  Each :meth:`feed` is flushed to the file at once so a crash loses
+    nothing that the worker wrote.  The console gets whole lines only, in one write per
+    feed (see the module's docstring); :meth:`close` writes a held partial line, ended
+    with a newline.
     """
 
     def __init__(self, file: ByteSink | None, console: ByteSink | None, header: str) -> None:
         self._file = file
         self._console = console
         self._prefixer = LinePrefixer(header.encode())
+        self._held = b""
 
     def feed(self, chunk: bytes) -> None:
         if self._file is not None:
             self._file.write(chunk)
             self._file.flush()
-        if self._console is not None:
-            self._console.write(self._prefixer.feed(chunk))
+        if self._console is None or not chunk:
+            return
+        data = self._held + chunk
+        cut = data.rfind(b"\n") + 1
+        whole, self._held = data[:cut], data[cut:]
+        if len(self._held) >= MAX_HELD_LINE:
+            # a line this long is not held forever: it is written as a line of its own
+            whole, self._held = whole + self._held + b"\n", b""
+        if whole:
+            self._console.write(self._prefixer.feed(whole))
             self._console.flush()
 
     def close(self) -> None:
-        """Close the file (never the console, which the agent owns)."""
+        """Write a held partial line to the console; close the file (never the console)."""
+        if self._console is not None and self._held:
+            self._console.write(self._prefixer.feed(self._held + b"\n"))
+            self._console.flush()
+            self._held = b""
         if self._file is not None:
             close = getattr(self._file, "close", None)
             if close is not None:

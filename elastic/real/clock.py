@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from elastic.clock import OneShot, Task, Waitable
@@ -102,6 +102,15 @@ class AsyncioClock:
     async def timeout(self, seconds: float, coro: Coroutine[Any, Any, T]) -> T:
         async with asyncio.timeout(max(0.0, seconds)):
             return await coro
+
+    async def run_in_thread(self, fn: Callable[[], T]) -> T:
+        """Run the blocking ``fn`` in a worker thread without blocking the loop.
+
+        Real mode only (the simulator's clock has no threads): how the agent drives a
+        torch-style synchronous rendezvous handler or hook.  Cancelling the awaiter does
+        not stop ``fn``; it finishes in its thread and its result is dropped.
+        """
+        return await asyncio.to_thread(fn)
 
 
 def _quiet(task: asyncio.Task[Any]) -> None:

@@ -12,6 +12,7 @@ get / wait         ``Range``; if absent, a ``Watch`` on the key from the
                    range's revision + 1 until a put (no polling)
 add                ``Txn``: compare mod revision, put ``n + amount``; on a lost
                    race the failure branch reads the new value and we retry
+                   after a jittered back-off (tasks of one client queue per key)
 compare_set        ``Txn``: compare value (``None``: create revision == 0)
 multi_get / _set   one ``Txn`` of ranges / puts (one revision)
 lease              ``LeaseGrant`` (whole seconds, at least etcd's minimum);
@@ -26,14 +27,20 @@ watch              ``Watch`` from ``after + 1``; a compacted revision returns th
 Every key is stored under ``prefix`` (default ``/elastic/``) so several jobs share a
 cluster; the port's keys are relative to it.
 
+Timeouts: the first read of ``get``/``wait`` is not under their ``timeout`` (a present
+key is returned even at ``timeout=0``); a ``watch`` with a short timeout still reports
+changes already made (see :meth:`EtcdStoreClient.watch`).
+
 Failures: a call that gets ``UNAVAILABLE`` (member down, no leader, leader changed)
 is retried on the next endpoint with a short back-off until ``read_timeout`` has
 passed, so a job rides out a leader change or one member down when it lists several
-endpoints.  Running out of time raises the builtin :class:`TimeoutError`; every other
-failure raises :class:`~elastic.errors.StoreError` naming the endpoint.  A write whose
-connection breaks after the request left may be retried and so applied twice (etcd's
-own client has the same window for non-idempotent requests); ``add`` and
-``compare_set`` are transactions, so a retried ``compare_set`` is harmless.
+endpoints.  Watches require a leader (etcd closes them on a member that lost it) and
+are re-created on the next endpoint from the last revision seen, so no event is lost.
+Running out of time raises the builtin :class:`TimeoutError`; every other failure
+raises :class:`~elastic.errors.StoreError` naming the endpoint.  A write whose
+connection breaks after the request left may have been applied and is retried (etcd's
+own client has the same window for non-idempotent requests): a retried ``set``,
+``compare_set`` or ``multi_set`` is harmless, a retried ``add`` may count twice.
 
 ``grpc`` and the etcd protobufs (from ``aetcd``) are imported by :meth:`connect`, not
 by this module, so ``elastic run`` with another backend never pays for them.
@@ -45,7 +52,7 @@ import asyncio
 import contextlib
 import heapq
 import math
-import threading
+import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -61,6 +68,10 @@ T = TypeVar("T")
 
 # etcd's default --max-txn-ops: a multi_set above it cannot be one revision
 MAX_TXN_OPS = 128
+# etcd's clientv3.WithRequireLeader, as gRPC metadata
+_REQUIRE_LEADER = (("hasleader", "true"),)
+# how long a watch with a short timeout waits for etcd to replay changes already made
+REPLAY_GRACE = 1.0
 # one attempt on one endpoint never waits longer than this, so a member that hangs
 # (rather than refusing) is left for the next one well before read_timeout
 ATTEMPT_TIMEOUT = 10.0
@@ -74,24 +85,19 @@ _CHANNEL_OPTIONS = (
 )
 
 
-_SHARED: LoopThread | None = None
-_SHARED_LOCK = threading.Lock()
-
-
 def shared_loop() -> LoopThread:
     """The process's one event loop for synchronous users of etcd (torch's API, tests).
 
     ``grpc.aio`` binds its completion queue to the loops that use it: a second loop in
     the process (a new ``asyncio.run``, or a loop per thread) makes it log spurious
     "Event loop is closed" / ``BlockingIOError`` errors from its poller
-    (grpc/grpc#25364).  So every synchronous etcd client of a process shares this loop,
-    which lives as long as the process (a daemon thread).
+    (grpc/grpc#25364).  So every synchronous etcd client of a process shares one loop:
+    the same one torch-style rendezvous handlers run on
+    (:func:`elastic.real.rdzv_context.shared_loop`), a daemon thread.
     """
-    global _SHARED
-    with _SHARED_LOCK:
-        if _SHARED is None:
-            _SHARED = LoopThread(name="elastic-etcd")
-        return _SHARED
+    from elastic.real.rdzv_context import shared_loop as process_loop
+
+    return process_loop()
 
 
 def parse_endpoint(endpoint: str) -> str:
@@ -204,6 +210,7 @@ class EtcdLease(Lease):
             return
         self._state = "expired"
         self._client._keeper.forget(self.id)
+        self._client._granted.pop(self.id, None)
         g = self._client._g
         await self._client._unary(
             f"revoke lease {self.id:x}",
@@ -213,6 +220,7 @@ class EtcdLease(Lease):
 
     def _expired(self) -> None:
         self._state = "expired"
+        self._client._granted.pop(self.id, None)
 
 
 class _KeepAlive:
@@ -258,7 +266,7 @@ class _KeepAlive:
     async def _run(self) -> None:
         g = self._client._g
         backoff = 0.1
-        while True:
+        while not self._client._closed:
             now = self._now()
             due: list[EtcdLease] = []
             while self._heap and self._heap[0][0] <= now:
@@ -287,8 +295,11 @@ class _KeepAlive:
                     continue
             self._wake.clear()
             wait = (self._heap[0][0] - self._now()) if self._heap else None
+            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that lands
+            # as the event fires (abandon() then aclose()), and this task would never end
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
 
     async def _send(self, leases: list[EtcdLease]) -> None:
         g = self._client._g
@@ -347,7 +358,12 @@ class EtcdStoreClient:
         self._read_timeout = 60.0
         self._closed = False
         self._keeper = _KeepAlive(self)
+        # what a benchmark reads: operations, bytes of key + value written (as
+        # MemoryStore counts them), and add() transactions lost to a concurrent writer
         self.stats = StoreStats()
+        self.cas_retries = 0
+        self._granted: dict[int, EtcdLease] = {}  # not known to be expired or revoked
+        self._add_locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
     async def connect(
@@ -407,28 +423,51 @@ class EtcdStoreClient:
         return self
 
     async def _first_contact(self, per_endpoint: float) -> None:
+        """Ask every endpoint at once; start on the first that answers (a dead member
+        listed first costs nothing)."""
         g = self._g
+
+        async def status(i: int) -> int:
+            await self._endpoints[i].maintenance.Status(
+                g.rpc.StatusRequest(), timeout=per_endpoint, wait_for_ready=True
+            )
+            return i
+
+        pending = {asyncio.ensure_future(status(i)) for i in range(len(self._endpoints))}
         errors: list[str] = []
-        for i, ep in enumerate(self._endpoints):
-            try:
-                await ep.maintenance.Status(
-                    g.rpc.StatusRequest(), timeout=per_endpoint, wait_for_ready=True
-                )
-            except g.aio.AioRpcError as e:
-                errors.append(f"{ep.name}: {e.code().name} {e.details()}")
-                continue
-            self._current = i
-            return
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                answered = []
+                for t in done:  # read every outcome, so none is reported as unretrieved
+                    e = t.exception()
+                    if e is None:
+                        answered.append(t.result())
+                    elif isinstance(e, g.aio.AioRpcError):
+                        errors.append(f"{e.code().name} {e.details()}")
+                    else:
+                        raise e
+                if answered:
+                    self._current = min(answered)
+                    return
+        finally:
+            for t in pending:
+                t.cancel()
         await self.aclose()
         raise StoreError(
-            "no etcd endpoint answered within "
-            f"{per_endpoint:g}s ({'; '.join(errors)}); is etcd running there?"
+            f"no etcd endpoint answered within {per_endpoint:g}s "
+            f"({', '.join(self.endpoints)}: {'; '.join(errors)}); is etcd running there?"
         )
 
-    async def aclose(self) -> None:
-        """Stop renewing leases (their keys expire ``ttl`` later) and close the channels."""
+    async def aclose(self, *, revoke_leases: bool = False) -> None:
+        """Close the client.  By default its leases are no longer renewed and their keys
+        expire ``ttl`` later (as if this process died); with ``revoke_leases`` they are
+        revoked first, so their keys vanish now (a graceful leave)."""
         if self._closed:
             return
+        if revoke_leases:
+            for lease in list(self._granted.values()):
+                await lease.revoke()
         self._closed = True
         await self._keeper.aclose()
         for ep in self._endpoints:
@@ -520,7 +559,6 @@ class EtcdStoreClient:
         return await self._must(what, lambda ep, t: ep.kv.Txn(req, timeout=t))
 
     def _put_op(self, key: bytes, value: bytes, lease: int = 0) -> Any:
-        self.stats.bytes_written += len(key) + len(value)
         return self._g.rpc.RequestOp(
             request_put=self._g.rpc.PutRequest(key=key, value=value, lease=lease)
         )
@@ -540,7 +578,9 @@ class EtcdStoreClient:
         while True:
             self._check_open()
             ep = self._ep()
-            call = ep.watch.Watch()
+            # "hasleader": the member ends the stream if it loses its leader (a partitioned
+            # member would otherwise keep a watch open that never fires); we move on
+            call = ep.watch.Watch(metadata=_REQUIRE_LEADER)
             try:
                 create = g.rpc.WatchCreateRequest(
                     key=key, range_end=range_end, start_revision=start
@@ -591,7 +631,6 @@ class EtcdStoreClient:
         self.stats.ops += 1
         lid = self._own(lease, key)
         req = self._g.rpc.PutRequest(key=self._k(key), value=bytes(value), lease=lid)
-        self.stats.bytes_written += len(req.key) + len(req.value)
         try:
             await self._must(f"set {key!r}", lambda ep, t: ep.kv.Put(req, timeout=t))
         except StoreError as e:
@@ -602,6 +641,7 @@ class EtcdStoreClient:
                     f"lease {lid:x} has expired; cannot attach {key!r} to it"
                 ) from None
             raise
+        self.stats.bytes_written += len(req.key) + len(req.value)
 
     def _own(self, lease: Lease | None, key: str) -> int:
         if lease is None:
@@ -615,24 +655,29 @@ class EtcdStoreClient:
     async def get(self, key: str, timeout: float | None = None) -> bytes:
         self._check_open()
         self.stats.ops += 1
+        k = self._k(key)
+        # the first read is not under ``timeout``: a present key returns even at timeout=0
+        resp = await self._range(k)
+        if resp.kvs:
+            return bytes(resp.kvs[0].value)
         shown = "forever" if timeout is None else f"{timeout:g}s"
         return await self._in_time(
-            timeout, self._get(key), f"key {key!r} was not set within {shown}"
+            timeout,
+            self._wait_put(k, int(resp.header.revision) + 1),
+            f"key {key!r} was not set within {shown}",
         )
 
-    async def _get(self, key: str) -> bytes:
-        k = self._k(key)
+    async def _wait_put(self, k: bytes, start: int) -> bytes:
+        """The value of the first put of ``k`` at revision >= ``start`` (no polling)."""
         put = self._g.rpc.Event.PUT
         while True:
-            resp = await self._range(k)
-            if resp.kvs:
-                return bytes(resp.kvs[0].value)
-            _, ev = await self._watch_first(
-                k, b"", int(resp.header.revision) + 1, lambda e: e.type == put
-            )
+            _, ev = await self._watch_first(k, b"", start, lambda e: e.type == put)
             if ev is not None:
                 return bytes(ev.kv.value)
-            # compacted under us: read again
+            resp = await self._range(k)  # compacted under us: read again
+            if resp.kvs:
+                return bytes(resp.kvs[0].value)
+            start = int(resp.header.revision) + 1
 
     async def try_get(self, key: str) -> bytes | None:
         self._check_open()
@@ -643,10 +688,21 @@ class EtcdStoreClient:
     async def add(self, key: str, amount: int) -> int:
         self._check_open()
         self.stats.ops += 1
+        # tasks of one client adding to one key queue here instead of racing in etcd
+        lock = self._add_locks.setdefault(key, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._add(key, amount)
+        finally:
+            if not lock.locked() and self._add_locks.get(key) is lock:
+                del self._add_locks[key]
+
+    async def _add(self, key: str, amount: int) -> int:
         rpc = self._g.rpc
         k = self._k(key)
         resp = await self._range(k)
         kvs = resp.kvs
+        tries = 0
         while True:
             cur = bytes(kvs[0].value) if kvs else None
             mod = int(kvs[0].mod_revision) if kvs else 0
@@ -662,12 +718,20 @@ class EtcdStoreClient:
                 result=rpc.Compare.EQUAL,
                 mod_revision=mod,
             )
+            value = str(new).encode()
             t = await self._txn(
-                f"add {key!r}", [cmp], [self._put_op(k, str(new).encode())], [self._range_op(k)]
+                f"add {key!r}", [cmp], [self._put_op(k, value)], [self._range_op(k)]
             )
             if t.succeeded:
+                self.stats.bytes_written += len(k) + len(value)
                 return new
             kvs = t.responses[0].response_range.kvs  # lost a race: the value now
+            # Back off before the next try: N nodes adding at once would otherwise cost
+            # O(N^2) transactions (each round one wins, the rest retry at once).  etcd
+            # has no server-side increment; torch's EtcdStore sleeps U(0, 0.1) s too.
+            self.cas_retries += 1
+            await asyncio.sleep(random.uniform(0, min(0.25, 0.001 * 2**tries)))
+            tries += 1
 
     async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
         self._check_open()
@@ -686,6 +750,7 @@ class EtcdStoreClient:
             f"compare_set {key!r}", [cmp], [self._put_op(k, bytes(desired))], [self._range_op(k)]
         )
         if t.succeeded:
+            self.stats.bytes_written += len(k) + len(desired)
             return bytes(desired)
         kvs = t.responses[0].response_range.kvs
         return bytes(kvs[0].value) if kvs else b""
@@ -693,10 +758,18 @@ class EtcdStoreClient:
     async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         self._check_open()
         self.stats.ops += 1
+        # which keys are missing, read before the clock starts (so timeout=0 works)
+        missing: list[tuple[str, int]] = []
+        for key in keys:
+            resp = await self._range(self._k(key))
+            if not resp.kvs:
+                missing.append((key, int(resp.header.revision) + 1))
+        if not missing:
+            return
 
         async def all_of() -> None:
-            for k in keys:
-                await self._get(k)
+            for key, start in missing:
+                await self._wait_put(self._k(key), start)
 
         if timeout is None:
             await all_of()
@@ -705,9 +778,9 @@ class EtcdStoreClient:
             async with asyncio.timeout(max(0.0, timeout)):
                 await all_of()
         except TimeoutError:
-            missing = [k for k in keys if await self.try_get(k) is None]
+            still = [k for k in keys if await self.try_get(k) is None]
             raise TimeoutError(
-                f"keys {missing[:5]!r}{'…' if len(missing) > 5 else ''} "
+                f"keys {still[:5]!r}{'…' if len(still) > 5 else ''} "
                 f"were not set within {timeout:g}s"
             ) from None
 
@@ -747,6 +820,7 @@ class EtcdStoreClient:
             )
         ops = [self._put_op(self._k(k), bytes(v)) for k, v in items.items()]
         await self._txn(f"multi_set {next(iter(items))!r}…", [], ops, [])
+        self.stats.bytes_written += sum(len(self._k(k)) + len(v) for k, v in items.items())
 
     async def grant_lease(self, ttl: float) -> Lease:
         self._check_open()
@@ -759,6 +833,7 @@ class EtcdStoreClient:
             raise StoreError(f"etcd at {self._ep().name}: grant lease failed: {resp.error}")
         # etcd grants whole seconds and at least its minimum TTL (1.5 x election timeout)
         lease = EtcdLease(self, int(resp.ID), float(resp.TTL))
+        self._granted[lease.id] = lease
         self._keeper.add(lease)
         return lease
 
@@ -773,9 +848,18 @@ class EtcdStoreClient:
         }
 
     async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
+        """The first revision > ``after`` that changed a key under ``prefix``.
+
+        With a ``timeout``, changes already made (revisions up to now) are still
+        reported however short it is: etcd replays a new watcher's history from its
+        sync loop (every 100 ms), so when the store has moved past ``after`` the
+        replay gets up to :data:`REPLAY_GRACE` seconds before ``timeout`` counts.
+        """
         self._check_open()
         self.stats.ops += 1
         p = self._k(prefix)
+        if timeout is not None and await self.revision() > after:
+            timeout = max(timeout, REPLAY_GRACE)
         rev, _ = await self._in_time(
             timeout,
             self._watch_first(p, _range_end(p), after + 1, lambda e: True),

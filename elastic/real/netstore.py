@@ -24,17 +24,21 @@ connection is closed.  The token is never logged.
 What a bad peer costs the server: only its own connection.  Malformed, truncated or
 oversized frames, a failed handshake, a reader too slow to drain its replies (the write
 buffer is bounded) and a silent peer (idle timeout; good clients ping) each end that
-connection and nothing else.
+connection and nothing else.  Memory is bounded too: before authentication a frame may
+hold 4 KiB; incomplete frames of all connections together hold at most ``max_buffered``
+bytes; connections, waits and leases per connection are capped.
 
 The client rides out a store host that is briefly unreachable: it reconnects with
 back-off for at most ``read_timeout`` seconds, then raises a :class:`StoreError` naming
 ``host:port``.  Idempotent operations are re-sent on the new connection (a blocking one
 with what is left of its timeout); ``add`` and ``compare_set`` are not: if the connection
 broke before their reply, they raise :class:`StoreError` saying the outcome is unknown.
-A watch resumes from its revision; if the server came back with fresh data (another
-*instance*), the watch returns at once with the new revision and the caller re-reads, as
-after an etcd compaction.  Leases are renewed on the new connection if the server still
-has them, and are dead otherwise.
+(A resent ``delete`` whose first attempt did apply returns False: the key is gone either
+way.)  ``grant_lease`` is resent too: a lease granted by a lost attempt has no keys and
+is never renewed, so it expires unseen.  A watch resumes from its revision; if the
+server came back with fresh data (another *instance*), the watch returns at once with
+the new revision and the caller re-reads, as after an etcd compaction.  Leases are
+renewed on the new connection if the server still has them, and are dead otherwise.
 """
 
 from __future__ import annotations
@@ -64,7 +68,14 @@ from elastic.real.netstore_protocol import (
 )
 from elastic.store import Lease
 
-__all__ = ["DEFAULT_PORT", "HostedStore", "NetLease", "NetStoreClient", "StoreServer"]
+__all__ = [
+    "DEFAULT_PORT",
+    "HostedStore",
+    "NetLease",
+    "NetStoreClient",
+    "StoreServer",
+    "WireStats",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +102,19 @@ class HostedStore:
         self.store = MemoryStore(self.clock)
         self.instance = secrets.token_hex(8)
         self.leases: dict[int, _ServerLease] = {}
+        self._prune_at = 1024
+
+    def add(self, lease: _ServerLease) -> None:
+        """Track a granted lease; expired ones are dropped in amortised O(1) per grant."""
+        self.leases[lease.id] = lease
+        if len(self.leases) >= self._prune_at:
+            self.prune()
+            self._prune_at = max(1024, 2 * len(self.leases))
+
+    def prune(self) -> None:
+        """Forget leases that have expired (their keys are already gone)."""
+        for lease_id in [i for i, x in self.leases.items() if not x.alive()]:
+            del self.leases[lease_id]
 
     def lease(self, lease_id: int) -> _ServerLease:
         lease = self.leases.get(lease_id)
@@ -107,6 +131,10 @@ class _LeaseGone(StoreError):
     pass
 
 
+class _Limit(StoreError):
+    pass
+
+
 def _error_kind(e: BaseException) -> str:
     if isinstance(e, TimeoutError):
         return "timeout"
@@ -114,6 +142,8 @@ def _error_kind(e: BaseException) -> str:
         return "closed"
     if isinstance(e, _LeaseGone):
         return "lease"
+    if isinstance(e, _Limit):
+        return "limit"
     return "store"
 
 
@@ -128,8 +158,10 @@ class StoreServer:
         token: str | None = None,
         max_connections: int = 1024,
         max_watches_per_connection: int = 1024,
+        max_leases_per_connection: int = 1024,
         max_frame: int = MAX_FRAME,
         max_write_buffer: int = 2 * MAX_FRAME,
+        max_buffered: int = 8 * MAX_FRAME,
         handshake_timeout: float = 10.0,
         idle_timeout: float = 60.0,
         hosted: HostedStore | None = None,
@@ -139,8 +171,11 @@ class StoreServer:
         self._token = token
         self.max_connections = max_connections
         self.max_watches_per_connection = max_watches_per_connection
+        self.max_leases_per_connection = max_leases_per_connection
         self.max_frame = max_frame
         self.max_write_buffer = max_write_buffer
+        self.max_buffered = max_buffered
+        self.buffered = 0  # bytes of incomplete frames held, all connections together
         self.handshake_timeout = handshake_timeout
         self.idle_timeout = idle_timeout
         self.hosted = hosted or HostedStore()
@@ -251,6 +286,9 @@ class _ServerConn:
         self.dead = False
         self.pending: dict[int, asyncio.Task[None]] = {}
         self.owned: set[int] = set()
+        self.started = self.last_rx = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.held = 0  # this connection's share of server.buffered
 
     # -- writing ----------------------------------------------------------------------
     def send(self, frame: bytes) -> None:
@@ -283,21 +321,29 @@ class _ServerConn:
 
     # -- reading ----------------------------------------------------------------------
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.started = self.last_rx = loop.time()
+        self.timer = loop.call_later(self.server.handshake_timeout, self.watchdog)
         while not self.dead:
-            limit = self.server.idle_timeout if self.authed else self.server.handshake_timeout
-            try:
-                async with asyncio.timeout(limit):
-                    data = await self.reader.read(_READ_CHUNK)
-            except TimeoutError:
-                if not self.authed:
-                    self.fail("auth", f"no hello within {limit:g}s; closing the connection")
-                else:
-                    self.abort()  # a silent peer: good clients ping well within this
-                return
+            data = await self.reader.read(_READ_CHUNK)
             if not data:
                 return
+            self.last_rx = loop.time()
             try:
-                for body in self.decoder.feed(data):
+                frames = self.decoder.feed(data)
+                held = self.decoder.buffered
+                self.server.buffered += held - self.held
+                self.held = held
+                if held and self.server.buffered > self.server.max_buffered:
+                    # many peers each sending most of a large frame: refuse the one that
+                    # pushed the total over, so memory stays bounded whatever they do
+                    self.fail(
+                        "limit",
+                        f"the store holds {self.server.buffered} bytes of incomplete frames "
+                        f"(max_buffered {self.server.max_buffered}); send whole frames",
+                    )
+                    return
+                for body in frames:
                     req = decode_request(body, self.decoder.max_frame)
                     if not self.authed and not self.handshake(req):
                         return
@@ -307,6 +353,25 @@ class _ServerConn:
             except ProtocolError as e:
                 self.fail("protocol", str(e))
                 return
+
+    def watchdog(self) -> None:
+        """One timer per connection, re-armed to the next deadline (cheaper than a timeout
+        around every read).  The handshake deadline runs from the connection's start, so
+        a peer trickling a partial hello is still cut off."""
+        if self.dead:
+            return
+        loop = asyncio.get_running_loop()
+        if self.authed:
+            left = self.last_rx + self.server.idle_timeout - loop.time()
+        else:
+            left = self.started + self.server.handshake_timeout - loop.time()
+        if left > 0:
+            self.timer = loop.call_later(left, self.watchdog)
+        elif not self.authed:
+            limit = self.server.handshake_timeout
+            self.fail("auth", f"no hello within {limit:g}s; closing the connection")
+        else:
+            self.abort()  # a silent peer: good clients ping well within this
 
     def handshake(self, req: Request) -> bool:
         if req.op != "hello":
@@ -325,6 +390,9 @@ class _ServerConn:
             return False
         self.authed = True
         self.decoder.max_frame = self.server.max_frame
+        if self.timer is not None:  # from now on the idle deadline applies
+            self.timer.cancel()
+        self.timer = asyncio.get_running_loop().call_later(self.server.idle_timeout, self.watchdog)
         return True
 
     async def dispatch(self, req: Request) -> None:
@@ -399,9 +467,18 @@ class _ServerConn:
             rev, data = await store.snapshot(a[0])
             return [rev, data]
         if op == "grant_lease":
+            if len(self.owned) >= self.server.max_leases_per_connection:
+                self.owned = {i for i in self.owned if i in hosted.leases}
+                hosted.prune()
+                if len(self.owned) >= self.server.max_leases_per_connection:
+                    raise _Limit(
+                        f"grant_lease: this connection holds "
+                        f"{self.server.max_leases_per_connection} leases "
+                        "(max_leases_per_connection); revoke some first"
+                    )
             lease = cast(_ServerLease, await store.grant_lease(a[0]))
             lease.abandon()  # the expiry timer runs from now; keepalives push it back
-            hosted.leases[lease.id] = lease
+            hosted.add(lease)
             self.owned.add(lease.id)
             return lease.id
         if op == "keepalive":
@@ -423,12 +500,17 @@ class _ServerConn:
                 "instance": hosted.instance,
                 "idle_timeout": self.server.idle_timeout,
                 "revision": store.revision,
+                "max_frame": self.server.max_frame,
             }
         raise ProtocolError(f"unknown operation {op!r}")  # pragma: no cover - OPS is closed
 
     def teardown(self) -> None:
         """The connection is gone: stop its waits; its leases expire ``ttl`` from now."""
         self.dead = True
+        self.server.buffered -= self.held
+        self.held = 0
+        if self.timer is not None:
+            self.timer.cancel()
         for task in self.pending.values():
             task.cancel()
         self.pending.clear()
@@ -454,12 +536,27 @@ class _Refused(StoreError):
     """The server refused the connection for good (authentication, limits)."""
 
 
+class WireStats:
+    """Bytes a client sent and received (frames, headers included) over all its connections."""
+
+    __slots__ = ("received", "sent")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+
+
 class _Link:
     """One TCP connection of a client, with its outstanding requests."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, read_timeout: float
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        read_timeout: float,
+        stats: WireStats,
     ) -> None:
+        self.stats = stats
         self.reader = reader
         self.writer = writer
         self.read_timeout = read_timeout
@@ -469,7 +566,10 @@ class _Link:
         self.fatal: tuple[str, str] | None = None
         self.instance = ""
         self.revision = 0
+        self.max_frame = MAX_FRAME
         self.tasks: list[asyncio.Task[None]] = []
+        self.last_rx = 0.0
+        self.timer: asyncio.TimerHandle | None = None
 
     def start(self, ping_every: float) -> None:
         loop = asyncio.get_running_loop()
@@ -477,12 +577,16 @@ class _Link:
 
     async def _read(self) -> None:
         decoder = FrameDecoder()
+        loop = asyncio.get_running_loop()
+        self.last_rx = loop.time()
+        self.timer = loop.call_later(self.read_timeout, self._watchdog)
         try:
             while True:
-                async with asyncio.timeout(self.read_timeout):
-                    data = await self.reader.read(_READ_CHUNK)
+                data = await self.reader.read(_READ_CHUNK)
                 if not data:
                     break
+                self.last_rx = loop.time()
+                self.stats.received += len(data)
                 for body in decoder.feed(data):
                     resp = decode_response(body)
                     if resp.id == 0 and not resp.ok:
@@ -492,12 +596,22 @@ class _Link:
                     fut = self.pending.pop(resp.id, None)
                     if fut is not None and not fut.done():
                         fut.set_result(resp)
-        except TimeoutError:
-            self.why = f"no reply from the store for {self.read_timeout:g}s"
         except (OSError, ProtocolError) as e:
             self.why = str(e) or type(e).__name__
         finally:
             self.drop()
+
+    def _watchdog(self) -> None:
+        # one timer per link, re-armed to the next deadline: cheaper than a timeout per read
+        if self.lost:
+            return
+        loop = asyncio.get_running_loop()
+        left = self.last_rx + self.read_timeout - loop.time()
+        if left > 0:
+            self.timer = loop.call_later(left, self._watchdog)
+            return
+        self.why = f"no reply from the store for {self.read_timeout:g}s"
+        self.drop()
 
     async def _ping(self, every: float) -> None:
         # Keeps the server's idle timer and our read timeout fed while only long waits are
@@ -510,11 +624,14 @@ class _Link:
         if self.lost:
             raise _Lost(self.why)
         self.writer.write(frame)
+        self.stats.sent += len(frame)
 
     def drop(self) -> None:
         if self.lost:
             return
         self.lost = True
+        if self.timer is not None:
+            self.timer.cancel()
         err = _Lost(self.why)
         for fut in self.pending.values():
             if not fut.done():
@@ -532,6 +649,8 @@ def _raise_for(kind: str, message: str) -> None:
         raise TimeoutError(message)
     if kind == "closed":
         raise StoreClosedError(message)
+    if kind == "lease":
+        raise _LeaseGone(message)
     raise StoreError(message)
 
 
@@ -588,11 +707,11 @@ class NetLease(Lease):
             await self._client._request("keepalive", lambda: (self.id,), retry=True)
         except StoreClosedError:
             return
-        except StoreError as e:
-            if "unknown to this store" in str(e):
-                self._expired()
-            else:
-                logger.debug("renewing lease %d failed: %s", self.id, e)
+        except _LeaseGone:
+            self._expired()
+            return
+        except StoreError as e:  # unreachable for now: the next renewal tries again
+            logger.debug("renewing lease %d failed: %s", self.id, e)
             return
         self._renewed_at = self._client._clock.now()
 
@@ -631,6 +750,7 @@ class NetStoreClient:
         self._leases: dict[int, NetLease] = {}
         self._background: set[asyncio.Task[None]] = set()
         self.reconnects = 0
+        self.wire = WireStats()
 
     def __repr__(self) -> str:  # never shows the token
         return f"NetStoreClient({self.address!r})"
@@ -688,7 +808,7 @@ class NetStoreClient:
     async def _open(self, timeout: float) -> _Link:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(self.host, self.port)
-        link = _Link(reader, writer, self.read_timeout)
+        link = _Link(reader, writer, self.read_timeout, self.wire)
         link.start(ping_every=self.read_timeout / 3)
         try:
             async with asyncio.timeout(timeout):
@@ -701,6 +821,7 @@ class NetStoreClient:
             link.drop()
             raise
         link.instance = hello["instance"]
+        link.max_frame = min(self.max_frame, int(hello.get("max_frame", self.max_frame)))
         link.revision = int(hello.get("revision", 0))
         idle = float(hello["idle_timeout"])
         if idle > 0 and idle / 4 < self.read_timeout / 3:
@@ -761,7 +882,7 @@ class NetStoreClient:
     async def _roundtrip(self, link: _Link, op: str, args: tuple[Any, ...]) -> Any:
         self._next_id += 1
         rid = self._next_id
-        frame = encode_request(rid, op, *args, max_frame=self.max_frame)
+        frame = encode_request(rid, op, *args, max_frame=link.max_frame)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         link.send(frame)
         link.pending[rid] = fut
@@ -782,19 +903,41 @@ class NetStoreClient:
     async def _request(
         self, op: str, args: Callable[[], tuple[Any, ...]], *, retry: bool, instance: str = ""
     ) -> Any:
-        """Send ``op`` and return its checked result; resend after a reconnect if ``retry``."""
+        """Send ``op`` and return its checked result; resend after a reconnect if ``retry``.
+
+        Resending stops ``read_timeout`` after the first broken connection (a server that
+        accepts and then drops every request must not hold a caller forever).
+        """
+        lost_since: float | None = None
+        backoff = 0.02
         while True:
-            link = await self._ensure_link(self.read_timeout)
+            link = self._link  # the common case costs no extra coroutine
+            if link is None or link.lost:
+                link = await self._ensure_link(self.read_timeout)
             if instance and link.instance != instance:
                 raise _NewInstance(link.revision)
             try:
                 return await self._roundtrip(link, op, args())
             except _Lost as e:
+                if link.fatal is not None:  # the server refused this request for good
+                    raise StoreError(
+                        f"{op}: the store at {self.address} closed the connection: {link.fatal[1]}"
+                    ) from None
                 if not retry:
                     raise StoreError(
                         f"{op} on the store at {self.address}: the connection broke before "
                         f"the reply ({e}); whether it took effect is unknown — re-read the key"
                     ) from None
+                now = self._clock.now()
+                if lost_since is None:
+                    lost_since = now
+                elif now - lost_since > self.read_timeout:
+                    raise StoreError(
+                        f"{op} on the store at {self.address}: the connection kept breaking "
+                        f"for {self.read_timeout:g}s ({e})"
+                    ) from None
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, 1.0)
 
     def _deadline(self, timeout: float | None) -> Callable[[], float | None]:
         if timeout is None:
@@ -813,7 +956,12 @@ class NetStoreClient:
     async def set(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
         v = _bytes(key, value)
         lid = self._lease_id(lease)
-        await self._request("set", lambda: (key, v, lid), retry=True)
+        try:
+            await self._request("set", lambda: (key, v, lid), retry=True)
+        except _LeaseGone:
+            if isinstance(lease, NetLease):
+                lease._expired()
+            raise
 
     def _lease_id(self, lease: Lease | None) -> int | None:
         if lease is None:
@@ -859,7 +1007,9 @@ class NetStoreClient:
     async def grant_lease(self, ttl: float) -> Lease:
         if not ttl > 0:
             raise StoreError(f"lease ttl must be positive, got {ttl!r}")
-        lease_id = cast(int, await self._request("grant_lease", lambda: (ttl,), retry=False))
+        # Safe to resend: a lease granted by a lost attempt has no keys and no renewals, so
+        # the server expires it ttl later and nobody sees it.
+        lease_id = cast(int, await self._request("grant_lease", lambda: (ttl,), retry=True))
         lease = NetLease(self, lease_id, ttl, self._instance)
         self._leases[lease_id] = lease
         lease._task = asyncio.get_running_loop().create_task(lease._renew_forever())

@@ -337,8 +337,13 @@ def _r_hello(v: Any) -> dict[str, Any]:
         not isinstance(v, dict)
         or not isinstance(v.get("instance"), str)
         or type(v.get("idle_timeout")) not in (int, float)
+        or type(v.get("revision", 0)) is not int
+        or type(v.get("max_frame", MAX_FRAME)) is not int
+        or v.get("max_frame", MAX_FRAME) < 64
     ):
-        raise ProtocolError("expected {instance: str, idle_timeout: seconds}")
+        raise ProtocolError(
+            "expected {instance: str, idle_timeout: seconds, revision: int, max_frame: int}"
+        )
     return v
 
 

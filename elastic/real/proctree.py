@@ -38,6 +38,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Collection, Iterable
 
 from elastic._records import Frozen, set_fields
@@ -51,6 +52,7 @@ __all__ = [
     "ProcHandle",
     "become_subreaper",
     "proc_stat",
+    "start_ticks",
     "tree_handles",
     "env_has",
     "pids_with_env",
@@ -215,12 +217,27 @@ class ProcHandle:
 
 def proc_stat(pid: int) -> tuple[int, str, int] | None:
     """(ppid, state, start time in clock ticks) from ``/proc/<pid>/stat``, or None if gone."""
+    st = _stat4(pid)
+    return None if st is None else st[:3]
+
+
+def _stat4(pid: int) -> tuple[int, str, int, int] | None:
+    """(ppid, state, start time, process group) from ``/proc/<pid>/stat``, or None."""
     raw = _read_proc(f"/proc/{pid}/stat")
     if not raw:
         return None
     # the command name may hold spaces and parentheses: the fields start after the last ")"
     fields = raw[raw.rindex(b")") + 2 :].split(None, 20)
-    return int(fields[1]), fields[0].decode(), int(fields[19])
+    return int(fields[1]), fields[0].decode(), int(fields[19]), int(fields[2])
+
+
+def start_ticks(pid: int | None = None) -> int:
+    """The start time of ``pid`` (default: now, as the start time a process born now
+    would get), in clock ticks since boot; for ``tree_handles(orphans_since=...)``."""
+    if pid is not None:
+        st = _stat4(pid)
+        return st[2] if st is not None else 0
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
 _own: tuple[int, int] | None = None  # (pid, start time) of this process
@@ -236,8 +253,32 @@ def _own_start() -> int:
     return _own[1]
 
 
+def _foreign(pid: int, needle: bytes | None) -> bool:
+    """True if ``pid`` carries a marker of the process-tree kind that is not ``needle``.
+
+    An orphan re-parented to the agent with no marker at all was started with a scrubbed
+    environment (``env={}``): it is the agent's.  One with another marker belongs to
+    another agent (or launcher) living in the same process.
+    """
+    data = _read_environ(pid)
+    if data is None:
+        return True  # gone, or another user's: not ours to kill
+    env = b"\0" + data + b"\0"
+    if needle is not None and needle in env:
+        return False
+    return any(f"\0{name}=".encode() in env for name in _MARKER_NAMES)
+
+
+_MARKER_NAMES = (ERROR_FILE, AGENT_MARKER, GROUP_MARKER)
+
+
 def tree_handles(
-    roots: Iterable[int], marker: Marker | None, *, exclude: Collection[int] = ()
+    roots: Iterable[int],
+    marker: Marker | None,
+    *,
+    exclude: Collection[int] = (),
+    orphans_since: int | None = None,
+    zombies: list[int] | None = None,
 ) -> dict[int, ProcHandle]:
     """Handles on every live descendant of ``roots`` and every process carrying ``marker``.
 
@@ -245,36 +286,70 @@ def tree_handles(
     pass over ``/proc``, however many roots: ``/proc/<pid>/stat`` of every process on
     the host (≈4 µs each), and the environment only of those younger than the caller
     (``marker`` must be one the caller's own workers carry).
+
+    ``orphans_since`` (clock ticks since boot, as ``/proc/<pid>/stat`` counts; the
+    caller is a child subreaper): also every orphan re-parented to the caller — a child
+    of the caller started at or after that time, outside the caller's process group (the
+    caller's own children stay in it; a worker's descendants are in the worker's group or
+    their own), carrying no marker but ``marker`` — and its descendants.  This is how a
+    double-forked daemon started with ``env={}`` (no marker) is found while the agent
+    lives, at no extra scan.  ``zombies`` (with ``orphans_since``): gets the pids of such
+    orphans that are zombies — a worker's child that exited while the worker lived and
+    was re-parented to the caller when the worker died — for the caller to reap
+    (``exclude`` must hold every worker pid of the caller's, whose exits are read
+    elsewhere).
     """
     roots = set(roots)
-    skip = set(exclude) | roots | {os.getpid()}
+    me = os.getpid()
+    skip = set(exclude) | roots | {me}
     needle = marker.needle if marker is not None else None
+    my_pgid = os.getpgid(0)
     # a process older than this one cannot carry its marker (every marked process
     # descends from a worker this process started): its environment is not read
     born = _own_start()
     children: dict[int, list[int]] = {}
     seen: dict[int, int] = {}  # pid → start time, for the identity check after pidfd_open
     marked: set[int] = set()
+    orphans: list[int] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         pid = int(entry)
-        st = proc_stat(pid)
+        st = _stat4(pid)
         if st is None:
             continue
-        ppid, state, start = st
+        ppid, state, start, pgid = st
         children.setdefault(ppid, []).append(pid)
         if state == "Z" or pid in skip:
+            if (
+                zombies is not None
+                and state == "Z"
+                and orphans_since is not None
+                and ppid == me
+                and start >= orphans_since
+                and pgid != my_pgid
+                and pid not in skip
+            ):
+                zombies.append(pid)
             continue
         seen[pid] = start
+        if (
+            orphans_since is not None
+            and ppid == me
+            and start >= orphans_since
+            and pgid != my_pgid
+            and not _foreign(pid, needle)
+        ):
+            orphans.append(pid)
+            continue
         if needle is not None and start >= born:
             data = _read_environ(pid)
             if data and needle in b"\0" + data + b"\0":
                 marked.add(pid)
     # descendants of a marked process belong to the tree too, even with a scrubbed env
-    found = set(marked)
+    found = marked | set(orphans)
     visited: set[int] = set()
-    stack = [*roots, *marked]
+    stack = [*roots, *marked, *orphans]
     while stack:
         pid = stack.pop()
         if pid in visited:
@@ -290,8 +365,8 @@ def tree_handles(
         h = ProcHandle.open(pid)
         if h is None:
             continue
-        st = proc_stat(pid)
-        if st is None or st[2] != seen[pid] or st[1] == "Z":
+        now = proc_stat(pid)
+        if now is None or now[2] != seen[pid] or now[1] == "Z":
             h.close()  # exited, or its pid was recycled by another process since the scan
             continue
         handles[pid] = h

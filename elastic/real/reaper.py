@@ -22,23 +22,31 @@ Three mechanisms, each covering what the one before cannot:
 3. **While the agent lives** — the agent is a child subreaper
    (``PR_SET_CHILD_SUBREAPER``), so a descendant whose parent died stays in the agent's
    process tree and ``stop()`` finds it by parentage as well as by the marker
-   (:mod:`elastic.real.proctree`).
+   (:mod:`elastic.real.proctree`) — including an orphan re-parented to the agent
+   itself, such as a double-forked daemon started with ``env={}``
+   (``tree_handles(orphans_since=...)``), at every restart and at shutdown.
 
 The sidecar runs in its own session (Ctrl-C in the terminal reaches the agent, which
 stops its workers, not the sidecar, which must outlive the agent) and ignores SIGINT,
 SIGHUP and SIGTERM (only SIGKILL ends it early).  It holds no marker itself: the agent
 sends its marker over the pipe (NUL-terminated fields ``m``, name, value, ``exact`` or
-``prefix``) before it spawns the first process that carries it.  On a clean shutdown the
-agent writes ``q`` and the sidecar exits without scanning.  When the agent dies, what it
+``prefix``) before it spawns the first process that carries it, and each group's private
+directory (``d``, path: only ``elastic_workers_*`` directories, the last 64) to remove if
+the agent dies.  On a clean shutdown the agent writes ``q`` and the sidecar exits without
+scanning.  An agent that fails (an exception of its own, or a stop that did not finish)
+writes ``k`` instead: the sidecar sweeps every marked process and removes the
+directories at once, then exits.  When the agent dies, what it
 wrote is still in the pipe: the sidecar drains it before deciding, so a marker sent an
 instant before the agent was killed is used, and a ``q`` is honoured.  A race closed at
 start-up: if the agent died before the sidecar opened its pidfd, ``getppid()`` is no
 longer the agent, and the sidecar decides at once from what the pipe holds.
 
 What it cannot catch: a descendant that dropped the marker (started with a scrubbed
-environment) *and* left the worker's process group and session; processes of another
-user.  The agent's ``stop()`` still finds such a process by parentage while the agent
-lives.
+environment) *and* left the worker's process group and session, once the agent is
+SIGKILLed (it is then re-parented away, and nothing tells it from any other process);
+processes of another user.  While the agent lives, its ``stop()`` finds such a process by
+parentage at every restart and at shutdown, so after a SIGKILL only those started during
+the last attempt can remain.
 
 This file runs as ``python -I -S reaper.py <agent_pid>``: standard library only, and
 few modules of it (``os``, ``sys``, ``select``, ``_signal``), so the sidecar is up in
@@ -129,12 +137,19 @@ def kill_marked(needle: bytes, *, max_rounds: int = 200) -> int:
     return len(killed)
 
 
+_DIR_PREFIX = "elastic_workers_"  # the only directories the sidecar removes
+_MAX_DIRS = 64  # the most recent ones kept; older groups' were removed by the agent
+
+
 class _Orders:
-    """What the agent said over the pipe: its marker (the last one sent) and "q"."""
+    """What the agent said over the pipe: its marker (the last one sent), the private
+    directories to remove if it dies, "q" (quit quietly) and "k" (sweep, then quit)."""
 
     def __init__(self) -> None:
         self.needle: bytes | None = None
         self.quit = False
+        self.sweep = False
+        self.dirs: list[str] = []
         self._rest = b""
 
     def feed(self, data: bytes) -> None:
@@ -144,6 +159,16 @@ class _Orders:
         while i < len(fields):
             if fields[i] == b"q":
                 self.quit = True
+            elif fields[i] == b"k":
+                self.sweep = True
+            elif fields[i] == b"d":
+                if len(fields) - i < 2:
+                    self._rest = b"\0".join([*fields[i:], self._rest])
+                    return
+                path = os.fsdecode(fields[i + 1])
+                if os.path.basename(path).startswith(_DIR_PREFIX) and path not in self.dirs:
+                    self.dirs = [*self.dirs[-(_MAX_DIRS - 1) :], path]
+                i += 1
             elif fields[i] == b"m":
                 if len(fields) - i < 4:  # the marker's fields are split across reads
                     self._rest = b"\0".join([*fields[i:], self._rest])
@@ -171,6 +196,13 @@ def marker_message(marker: list[str]) -> bytes:
     return b"".join(os.fsencode(f) + b"\0" for f in ["m", *marker])
 
 
+def _remove_dirs(dirs: list[str]) -> None:
+    if dirs:
+        rmtree = __import__("shutil").rmtree  # only now: see the imports at the top
+        for d in dirs:
+            rmtree(d, ignore_errors=True)
+
+
 def _sidecar(agent_pid: int, pipe: int = 0) -> int:
     # it must outlive the agent: the terminal's or a parent launcher's shutdown signals are
     # for the agent, which then stops its workers and lets this process go with "q"
@@ -193,6 +225,8 @@ def _sidecar(agent_pid: int, pipe: int = 0) -> int:
             if pipe in ready and pipe_open:
                 data = os.read(pipe, 65536)
                 orders.feed(data)
+                if orders.sweep:
+                    break  # the agent failed to stop everything: sweep now, then leave
                 if orders.quit:
                     return 0  # clean shutdown: the agent stopped its workers itself
                 if not data:
@@ -202,18 +236,25 @@ def _sidecar(agent_pid: int, pipe: int = 0) -> int:
                     pipe_open = False
             if pidfd in ready:
                 break  # the agent is gone
-    # the agent is gone: what it wrote last is still in the pipe
+    # the agent is gone (or asked for a sweep): what it wrote last is still in the pipe
     orders.drain(pipe)
-    if orders.quit or orders.needle is None:
-        return 0  # it finished cleanly, or died before it started anything marked
-    n = kill_marked(orders.needle)
-    if n:
-        sys.stderr.write(f"elastic reaper: agent {agent_pid} died; killed {n} process(es)\n")
+    if orders.quit and not orders.sweep:
+        return 0  # it finished cleanly
+    if orders.needle is not None:
+        n = kill_marked(orders.needle)
+        if n:
+            why = "failed" if orders.sweep else "died"
+            sys.stderr.write(f"elastic reaper: agent {agent_pid} {why}; killed {n} process(es)\n")
+    _remove_dirs(orders.dirs)
     return 0
 
 
 class ReaperSidecar:
     """The agent's handle on its sidecar: start it once, send the marker, let it go."""
+
+    #: pids of the sidecars this process started and has not reaped: its children, never
+    #: orphans of a worker (``ProcessGroup.stop`` leaves them alone)
+    live_pids: set[int] = set()  # noqa: RUF012  # shared by design
 
     def __init__(self, marker: list[str] | None = None) -> None:
         """``marker``: the agent's marker as ``proctree.Marker.argv()`` writes it, sent
@@ -248,6 +289,7 @@ class ReaperSidecar:
         finally:
             os.close(r)
         self.pid = pid
+        ReaperSidecar.live_pids.add(pid)
         self._pipe_w = w
         if self.marker is not None:
             self.set_marker(self.marker)
@@ -261,27 +303,35 @@ class ReaperSidecar:
         death.
         """
         self.marker = marker
+        self._send(marker_message(marker))
+
+    def add_dir(self, path: str) -> None:
+        """Tell the sidecar a private directory (``elastic_workers_*``) to remove if the
+        agent dies (the agent removes it itself otherwise)."""
+        self._send(b"d\0" + os.fsencode(path) + b"\0")
+
+    def _send(self, data: bytes) -> None:
         if self._pipe_w is None:
             return
-        data = marker_message(marker)
         try:
             while data:
                 data = data[os.write(self._pipe_w, data) :]
         except OSError:
             pass  # the sidecar is gone (killed from outside): nothing to tell
 
-    def request_exit(self) -> None:
-        """Tell the sidecar to exit without killing anything (the agent cleaned up)."""
+    def request_exit(self, sweep: bool = False) -> None:
+        """Tell the sidecar to exit without killing anything (the agent cleaned up), or,
+        with ``sweep``, to kill every marked process and remove the private directories
+        first (the agent is failing: its own stop may not have run or finished)."""
         if self._pipe_w is not None:
-            try:  # noqa: SIM105  # contextlib costs the sidecar's start-up (see the top)
-                os.write(self._pipe_w, b"q\0")
-            except OSError:
-                pass  # the sidecar is gone: nothing to tell
-            os.close(self._pipe_w)
-            self._pipe_w = None
+            self._send(b"k\0" if sweep else b"q\0")
+            if self._pipe_w is not None:
+                os.close(self._pipe_w)
+                self._pipe_w = None
 
-    def close(self, timeout: float = 5.0) -> None:
-        """:meth:`request_exit`, then reap the sidecar (SIGKILL after ``timeout``).
+    def close(self, timeout: float = 5.0, sweep: bool = False) -> None:
+        """:meth:`request_exit` (``sweep`` as there), then reap the sidecar (SIGKILL after
+        ``timeout``).
 
         Blocking: a caller on an event loop waits for the exit there first and then
         calls this with ``timeout=0`` (:meth:`ProcessWorkers.aclose
@@ -291,12 +341,13 @@ class ReaperSidecar:
         pid = self.pid
         if pid is None:
             return
-        self.request_exit()
+        self.request_exit(sweep)
         import select
 
         try:
             fd = os.pidfd_open(pid)
         except OSError:  # reaped by someone else already
+            ReaperSidecar.live_pids.discard(pid)
             self.pid = None
             return
         try:
@@ -308,6 +359,7 @@ class ReaperSidecar:
                 pass
         finally:
             os.close(fd)
+            ReaperSidecar.live_pids.discard(pid)
             self.pid = None
 
 

@@ -44,9 +44,15 @@ go through a pipe: the loop reads it when readable and a
 redirected nor filtered out are the agent's own stdout/stderr, as in torch.
 
 Stopping and orphans.  ``stop(grace, sig)`` signals each live worker's process group and
-every descendant found by parentage or marker (:mod:`elastic.real.proctree`), waits —
-on pidfds, not by polling — up to ``grace`` for all of them, then SIGKILLs and rescans
-until nothing is left.  If the agent itself dies, the workers die by their death signal
+every descendant found by parentage or marker (:mod:`elastic.real.proctree`), and every
+orphan re-parented to the agent since its first start (the agent is a child subreaper:
+a double-forked daemon started with ``env={}`` carries no marker but lands there), waits
+— on pidfds, not by polling — up to ``grace`` for all of them, then SIGKILLs and rescans
+until nothing is left.  Every victim's pidfd is closed and every victim that was the
+agent's child reaped as soon as it is gone, and zombie orphans found by a scan are
+reaped: fds and zombies stay flat over restarts (tests/test_soak.py).  If the agent
+fails (``aclose(sweep=True)``, or a stop that raised) the sidecar sweeps every marked
+process before it leaves.  If the agent itself dies, the workers die by their death signal
 and their descendants by the reaper sidecar (:mod:`elastic.real.reaper`); the agent is a
 child subreaper so orphans stay in its tree while it lives.  ``elastic run`` starts the
 sidecar first thing (on the CPU its own start-up leaves idle) and hands it over; it
@@ -76,7 +82,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from string import Template
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from elastic._records import Record
 from elastic.errors import ConfigError, ElasticError
@@ -87,6 +93,9 @@ from elastic.multiprocessing.tail import TeeSink, default_header
 from elastic.real import _fn_runner, proctree
 from elastic.real.reaper import ReaperSidecar
 from elastic.workers import ExitCause, WorkerExit, WorkerLaunch
+
+if TYPE_CHECKING:
+    from elastic.real.zygote import Zygote
 
 try:  # the C start path; absent when the extension could not be built
     from elastic.real import _spawn as _cspawn
@@ -106,7 +115,8 @@ _READ_CHUNK = 64 * 1024
 _KILL_ROUNDS = 20
 _ADOPT_AFTER = 0.05  # seconds: see ProcessGroup._on_exit
 _SIDECAR_GRACE = 5.0  # seconds for the sidecar to leave once told to
-_SIGTERM = int(signal.SIGTERM)  # the method ProcessGroup.signal shadows the module
+_SIGTERM = int(signal.SIGTERM)
+PRIVATE_DIR_PREFIX = "elastic_workers_"  # the method ProcessGroup.signal shadows the module
 
 
 def substitute_local_rank(args: Sequence[Any], local_rank: int) -> list[Any]:
@@ -200,6 +210,7 @@ class ProcessGroup:
         private_dir: str,
         oom_before: OomCounters,
         kill_timeout: float,
+        orphans_since: int | None = None,
     ) -> None:
         self._loop = loop
         self.marker = marker
@@ -207,6 +218,9 @@ class ProcessGroup:
         self._private_dir = private_dir
         self._oom_before = oom_before
         self._kill_timeout = kill_timeout
+        # the agent is a subreaper: its orphans started since then are this group's to
+        # stop (see proctree.tree_handles); None when it is not one
+        self._orphans_since = orphans_since
         self._workers: dict[int, _Worker] = {}
         self._exits: asyncio.Queue[WorkerExit] = asyncio.Queue()
         self._stop_task: asyncio.Task[list[WorkerExit]] | None = None
@@ -256,6 +270,11 @@ class ProcessGroup:
             self._stop_task = self._loop.create_task(self._stop(grace, sig))
         return await asyncio.shield(self._stop_task)
 
+    def stopped_cleanly(self) -> bool:
+        """True once :meth:`stop` has finished without an error."""
+        t = self._stop_task
+        return t is not None and t.done() and not t.cancelled() and t.exception() is None
+
     # -- exits ---------------------------------------------------------------------------
 
     def _watch(self, w: _Worker) -> None:
@@ -273,6 +292,7 @@ class ProcessGroup:
                 return  # spurious wake-up: not exited yet
             code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
         now = time.monotonic()
+        _WORKER_PIDS.discard(w.pid)
         self._loop.remove_reader(w.handle.fd)
         w.handle.exited = True
         for fd in w.tee_fds:
@@ -335,15 +355,19 @@ class ProcessGroup:
         self._adopt_scheduled = False
         me = os.getpid()
         worker_pids = {w.pid for w in self._workers.values()}
+        zombies: list[int] = []
         found = (
             proctree.tree_handles(
                 (),
                 self.marker,
-                exclude=worker_pids | self._adopted.keys(),
+                exclude=worker_pids | self._adopted.keys() | _excluded(),
+                orphans_since=self._orphans_since,
+                zombies=zombies,
             )
             if scan
             else {}
         )
+        _reap_zombies(zombies)
         for pid, h in found.items():
             try:
                 st = proctree.proc_stat(pid)
@@ -411,11 +435,16 @@ class ProcessGroup:
 
     def _tree(self, known: Mapping[int, proctree.ProcHandle]) -> dict[int, proctree.ProcHandle]:
         worker_pids = {w.pid for w in self._workers.values()}
-        return proctree.tree_handles(
+        zombies: list[int] = []
+        found = proctree.tree_handles(
             [w.pid for w in self._live()],
             self.marker,
-            exclude=worker_pids | set(known),
+            exclude=worker_pids | set(known) | _excluded(),
+            orphans_since=self._orphans_since,
+            zombies=zombies,
         )
+        _reap_zombies(zombies)
+        return found
 
     def _send_all(self, sig: int, victims: Mapping[int, proctree.ProcHandle]) -> None:
         for w in self._live():
@@ -465,7 +494,7 @@ class ProcessGroup:
         await self._wait_gone(victims, grace)
         deadline = time.monotonic() + self._kill_timeout
         for _ in range(0 if nothing_left else _KILL_ROUNDS):
-            victims = {p: v for p, v in victims.items() if not v.exited}
+            victims = self._release_exited(victims)
             victims.update(self._tree(victims))
             if not self._live() and not victims:
                 nothing_left = True  # this scan found nothing: the one below would not
@@ -484,6 +513,24 @@ class ProcessGroup:
         self._finish()
         return list(self._stop_exits)
 
+    @staticmethod
+    def _release_exited(
+        victims: Mapping[int, proctree.ProcHandle],
+    ) -> dict[int, proctree.ProcHandle]:
+        """The victims still alive; those that exited are reaped (if ours) and closed.
+
+        Dropping an exited victim without this leaked its pidfd and, for an orphan
+        re-parented to the agent, left it a zombie — at every restart (issue 15).
+        """
+        alive: dict[int, proctree.ProcHandle] = {}
+        for pid, v in victims.items():
+            if v.exited:
+                v.reap()
+                v.close()
+            else:
+                alive[pid] = v
+        return alive
+
     def _finish(self) -> None:
         """All workers are gone: flush the tee pipes and remove the private directory."""
         for fd in list(self._sinks):
@@ -494,6 +541,23 @@ class ProcessGroup:
         for w in self._workers.values():
             w.handle.close()
         shutil.rmtree(self._private_dir, ignore_errors=True)
+
+
+#: Worker pids of every ProcessWorkers of this process not yet reaped: their exits are
+#: read by their group (several agents may share a process), never by an orphan sweep.
+_WORKER_PIDS: set[int] = set()
+
+
+def _excluded() -> set[int]:
+    """Children of this process that are never orphans: workers and reaper sidecars."""
+    return _WORKER_PIDS | ReaperSidecar.live_pids
+
+
+def _reap_zombies(pids: list[int]) -> None:
+    """Collect zombie orphans re-parented to the agent (each would stay a zombie)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def _read_result(path: str) -> tuple[Any, str | None]:
@@ -568,6 +632,10 @@ class ProcessWorkers:
         self._agent_marker: proctree.Marker | None = None
         self._sidecar: ReaperSidecar | None = None
         self._became_subreaper = False
+        self._orphans_since: int | None = None
+        self._groups: list[ProcessGroup] = []  # started and not yet cleanly stopped
+        #: set by the agent for ``--preload`` (:mod:`elastic.real.zygote`)
+        self.zygote: Zygote | None = None
 
     @property
     def logs_specs(self) -> LogsSpecs:
@@ -608,6 +676,24 @@ class ProcessWorkers:
             )
         return proctree.Marker(proctree.ERROR_FILE, os.path.join(attempt, ""), prefix=True), {}
 
+    def _kill_orphans(self) -> None:
+        """SIGKILL, best effort, every process of this agent's tree still alive."""
+        if self._agent_marker is None:
+            return
+        try:
+            found = proctree.tree_handles(
+                (),
+                self._agent_marker,
+                exclude=_excluded(),
+                orphans_since=self._orphans_since,
+            )
+        except OSError as e:  # out of fds, say: the sidecar's sweep remains
+            logger.error("cannot scan for this agent's processes: %s", e)
+            return
+        for h in found.values():
+            h.send(signal.SIGKILL)
+            h.close()
+
     @property
     def reaper_pid(self) -> int | None:
         return self._sidecar.pid if self._sidecar is not None else None
@@ -618,12 +704,22 @@ class ProcessWorkers:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
-        """Let the sidecar go (after the agent stopped its groups) and reap it."""
+    async def aclose(self, sweep: bool = False) -> None:
+        """Let the sidecar go (after the agent stopped its groups) and reap it.
+
+        With ``sweep`` (the agent is failing), or when a group's stop did not finish
+        cleanly, the sidecar kills every marked process before it leaves, and the
+        agent SIGKILLs its own orphans (those no marker finds): a failing agent leaves
+        nothing behind either.
+        """
+        sweep = sweep or any(not g.stopped_cleanly() for g in self._groups)
+        self._groups.clear()
+        if sweep:
+            self._kill_orphans()
         sidecar = self._sidecar
         if sidecar is None or sidecar.pid is None:
             return
-        sidecar.request_exit()
+        sidecar.request_exit(sweep)
         # wait for its exit on the loop (other coroutines may share it), then let the
         # sidecar's own close() reap it — SIGKILL first if it is still there
         try:
@@ -662,6 +758,9 @@ class ProcessWorkers:
         by_rank = {la.local_rank: la for la in launches}
         if self._subreaper and not self._became_subreaper:
             self._became_subreaper = proctree.become_subreaper()
+            if self._became_subreaper:
+                # a tick early: /proc counts start times in whole ticks, rounded down
+                self._orphans_since = proctree.start_ticks() - 1
 
         # the logs specs read run id and attempt from the env; they may only add
         # TORCHELASTIC_ERROR_FILE to what the worker gets
@@ -677,10 +776,20 @@ class ProcessWorkers:
             self._sidecar = self._reaper
             self._sidecar.start()  # idempotent: normally it is up already
             self._sidecar.set_marker(self._agent_marker.argv())
-        private_dir = tempfile.mkdtemp(prefix="elastic_workers_")
+        self._groups = [g for g in self._groups if not g.stopped_cleanly()]
+        private_dir = tempfile.mkdtemp(prefix=PRIVATE_DIR_PREFIX)
+        if self._sidecar is not None:
+            self._sidecar.add_dir(private_dir)  # removed by the sidecar if the agent dies
         group = ProcessGroup(
-            loop, marker, dest, private_dir, read_oom_counters(), self._kill_timeout
+            loop,
+            marker,
+            dest,
+            private_dir,
+            read_oom_counters(),
+            self._kill_timeout,
+            self._orphans_since,
         )
+        self._groups.append(group)
         try:
             for r in range(len(launches)):
                 la = by_rank[r]
@@ -699,6 +808,7 @@ class ProcessWorkers:
             assert self._agent_marker is not None  # chosen by _markers above
             self._sidecar = ReaperSidecar(self._agent_marker.argv())
             self._sidecar.start()
+            self._sidecar.add_dir(private_dir)
         return group
 
     # -- one worker ----------------------------------------------------------------------
@@ -778,10 +888,13 @@ class ProcessWorkers:
                 assert result_path is not None
                 pid = self._fork(fork_fn, args, env, dups, result_path)
             else:
-                pid = _spawn(argv, env, dups)
+                # --preload: forked from the zygote when it can (None: start cold)
+                zygote_pid = self.zygote.spawn(argv, env, dups) if self.zygote else None
+                pid = _spawn(argv, env, dups) if zygote_pid is None else zygote_pid
         finally:
             for fd in to_close:
                 os.close(fd)
+        _WORKER_PIDS.add(pid)
         handle = proctree.ProcHandle.open(pid)
         if handle is None:  # cannot happen for an unreaped child; keep mypy and us honest
             raise ElasticError(f"worker pid {pid} vanished before it could be watched")
@@ -844,8 +957,11 @@ class ProcessWorkers:
 def _spawn(argv: list[str], env: Mapping[str, str], dups: list[tuple[int, int]]) -> int:
     """Start ``argv[0]`` (a path) as ``argv[1:]``, tied to the agent; return its pid.
 
-    In its own process group, with ``dups`` (agent fd, child fd) applied and
-    ``PR_SET_PDEATHSIG=SIGKILL`` set before it runs.  ``argv`` is the executable
+    In its own session (so its own process group, whose id is its pid), as torch starts
+    its workers (``start_new_session=True``), with ``dups`` (agent fd, child fd) applied
+    and ``PR_SET_PDEATHSIG=SIGKILL`` set before it runs.  A session of its own also gives
+    it its own scheduling autogroup, as torch's workers have, where the kernel groups by
+    session.  ``argv`` is the executable
     followed by the worker's ``argv`` (``argv[1]`` is its ``argv[0]``).
     """
     agent = os.getpid()
@@ -855,7 +971,7 @@ def _spawn(argv: list[str], env: Mapping[str, str], dups: list[tuple[int, int]])
             [sys.executable, "-I", "-S", _SHIM, str(agent), *argv],
             env,
             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in dups],
-            setpgroup=0,
+            setsid=True,
         )
     path = argv[0]
     try:
@@ -864,9 +980,9 @@ def _spawn(argv: list[str], env: Mapping[str, str], dups: list[tuple[int, int]])
             [os.fsencode(a) for a in argv[1:]],
             [os.fsencode(f"{k}={v}") for k, v in env.items()],
             dups,
-            pgid=0,
             pdeathsig=signal.SIGKILL,
             parent_pid=agent,
+            setsid=True,
         )
     except (FileNotFoundError, PermissionError) as e:
         raise ConfigError("entrypoint", f"cannot execute {path!r}: {e.strerror}") from None

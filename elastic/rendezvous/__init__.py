@@ -1,8 +1,12 @@
 """Rendezvous: how the agents of a job find each other and agree on ranks.
 
 torch's names (``torch.distributed.elastic.rendezvous``), asynchronous at the core and
-given the clock and store ports.  Backends: ``c10d`` (dynamic, :mod:`.dynamic`),
-``static``; see :mod:`.registry`.
+given the clock and store ports; torch's synchronous API works on top (see :mod:`.api`).
+Backends: ``c10d`` and ``etcd-v2`` (the dynamic rendezvous, :mod:`.dynamic_rendezvous`),
+``etcd`` (:mod:`.etcd_rendezvous`), ``static``; see :mod:`.registry`.  torch's
+backend-driven construction (``DynamicRendezvousHandler.from_backend`` over a
+``RendezvousBackend``: :mod:`.c10d_rendezvous_backend`, :mod:`.etcd_rendezvous_backend`,
+or a user's own) runs the same rendezvous over :mod:`.backend_store`.
 """
 
 from elastic.rendezvous.api import (

@@ -1,11 +1,26 @@
 """The rendezvous API, with torch's names, messages and defaults.
 
-A :class:`RendezvousHandler` is asynchronous at its core (``*_async`` methods, awaited
-by the agent on the clock port in either world).  torch's synchronous methods
-(``next_rendezvous()``, ``is_closed()``, …) are kept for compatibility: they run the
-asynchronous method to completion with the handler's ``sync_runner`` — in real mode
-:meth:`elastic.real.loop_thread.LoopThread.run`, passed to ``get_rendezvous_handler``;
-without one (and in the simulator, where nothing may block) they raise.
+A :class:`RendezvousHandler` has two faces, and a subclass implements either:
+
+* asynchronous (``*_async`` methods), awaited by the agent on the clock port in either
+  world — the project's handlers;
+* torch's synchronous methods (``next_rendezvous()``, ``is_closed()``, …) — a torch
+  user's own handler.
+
+Whichever face a subclass leaves out is derived from the other:
+
+* the synchronous methods of an asynchronous handler run the coroutine to completion
+  with the handler's ``sync_runner`` — in real mode
+  :meth:`elastic.real.loop_thread.LoopThread.run`, set by ``get_rendezvous_handler``;
+  without one they raise ``RuntimeError`` naming what is missing.  The
+  :class:`RendezvousInfo` they return carries a :class:`SyncStore` (torch's blocking
+  ``Store`` methods) instead of the store port;
+* the asynchronous methods of a synchronous handler run the blocking call in a thread,
+  through the ``thread_runner`` the agent binds (:meth:`RendezvousHandler.bind_clock`)
+  from a clock that can run threads (the real one; the simulator cannot, and refuses
+  such a handler in one line).  A synchronous handler has no watch: its
+  :meth:`RendezvousHandler.watch_async` asks ``num_nodes_waiting()`` and
+  ``is_closed()`` every ``monitor_interval``, as torch's agent does.
 
 The agent learns of membership changes with :meth:`RendezvousHandler.watch_async`,
 which returns when the current round is no longer the one to run (nodes are waiting,
@@ -15,9 +30,11 @@ a peer's lease expired, or the rendezvous was closed) — no polling of
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
 
 from elastic._records import Frozen, set_fields
@@ -38,10 +55,26 @@ __all__ = [
     "RendezvousStoreInfo",
     "RendezvousTimeoutError",
     "SyncRunner",
+    "SyncStore",
+    "ThreadRunner",
+    "ThreadedStore",
 ]
 
 T = TypeVar("T")
+
+
+def __getattr__(name: str) -> Any:
+    """torch keeps the registry in ``api``; ours lives in :mod:`.registry` (it imports us)."""
+    if name in ("rendezvous_handler_registry", "RendezvousHandlerRegistry"):
+        from elastic.rendezvous import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 SyncRunner = Callable[[Coroutine[Any, Any, Any]], Any]
+#: Runs a blocking call in a worker thread and awaits its result (real mode only).
+ThreadRunner = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 
 class RendezvousError(ElasticError):
@@ -98,6 +131,200 @@ class RendezvousStoreInfo:
         )
         return RendezvousStoreInfo(addr.decode(), int(port.decode()))
 
+    @staticmethod
+    def build(
+        rank: int, store: Any, local_addr: str | None = None, server_port: int | None = None
+    ) -> RendezvousStoreInfo:
+        """torch's factory, blocking: rank 0 publishes its address and a port; all read them.
+
+        ``store`` is a synchronous store (torch's ``Store`` methods, e.g. the
+        :class:`SyncStore` of a :class:`RendezvousInfo` from ``next_rendezvous()``).
+        Rank 0 uses ``local_addr`` (default: this host's FQDN) and ``server_port``
+        (default: a free TCP port).  In the agent's own loop use :meth:`build_async`.
+        """
+        if inspect.iscoroutinefunction(getattr(store, "get", None)):
+            raise TypeError(
+                "RendezvousStoreInfo.build() needs a synchronous store (torch's Store "
+                "methods); for the asynchronous store port use build_async()"
+            )
+        if rank == 0:
+            if local_addr is None or server_port is None:
+                # Resolving the host name and finding a free port are real-mode I/O.
+                from elastic.launcher.api import fqdn, free_port
+
+                local_addr = local_addr or fqdn()
+                server_port = server_port or free_port()
+            store.set(RendezvousStoreInfo.MASTER_ADDR_KEY, local_addr.encode())
+            store.set(RendezvousStoreInfo.MASTER_PORT_KEY, str(server_port).encode())
+        addr = bytes(store.get(RendezvousStoreInfo.MASTER_ADDR_KEY)).decode()
+        port = int(bytes(store.get(RendezvousStoreInfo.MASTER_PORT_KEY)).decode())
+        return RendezvousStoreInfo(addr, port)
+
+
+def _as_bytes(value: str | bytes, what: str) -> bytes:
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    raise TypeError(f"{what} must be str or bytes, got {type(value).__name__}")
+
+
+def _seconds(timeout: timedelta | float | None) -> float | None:
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    return timeout
+
+
+class SyncStore:
+    """torch's blocking ``Store`` methods over the store port, for callers off the loop.
+
+    Every call runs the port's coroutine with ``runner`` (a
+    :meth:`~elastic.real.loop_thread.LoopThread.run`) and blocks until it is done;
+    values may be given as ``str`` or ``bytes`` and are returned as ``bytes``.
+    ``port`` is the asynchronous store underneath, for code on the loop.  ``timeout``
+    bounds ``get``/``wait``/``multi_get`` as a torch store's timeout does (torch's
+    default, 300 s; ``TimeoutError`` after it).
+    """
+
+    __slots__ = ("_run", "port", "timeout")
+
+    def __init__(self, port: Store, runner: SyncRunner, timeout: float | None = 300.0) -> None:
+        self.port = port
+        self._run = runner
+        self.timeout = timeout
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._run(self.port.set(key, _as_bytes(value, "value")))
+
+    def get(self, key: str) -> bytes:
+        value: bytes = self._run(self.port.get(key, self.timeout))
+        return value
+
+    def add(self, key: str, value: int) -> int:
+        total: int = self._run(self.port.add(key, value))
+        return total
+
+    def compare_set(
+        self, key: str, expected_value: str | bytes, desired_value: str | bytes
+    ) -> bytes:
+        """torch's semantics: an empty ``expected_value`` matches an absent key."""
+        expected = _as_bytes(expected_value, "expected_value")
+        desired = _as_bytes(desired_value, "desired_value")
+
+        async def cas() -> bytes:
+            current = await self.port.try_get(key)
+            if current is None:
+                if expected:
+                    return expected  # torch returns the expected value when the key is absent
+                return await self.port.compare_set(key, None, desired)
+            return await self.port.compare_set(key, expected, desired)
+
+        result: bytes = self._run(cas())
+        return result
+
+    def wait(self, keys: Sequence[str], timeout: timedelta | float | None = None) -> None:
+        seconds = self.timeout if timeout is None else _seconds(timeout)
+        self._run(self.port.wait(list(keys), seconds))
+
+    def check(self, keys: Sequence[str]) -> bool:
+        async def present() -> bool:
+            for key in keys:
+                if await self.port.try_get(key) is None:
+                    return False
+            return True
+
+        ok: bool = self._run(present())
+        return ok
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        values: list[bytes] = self._run(self.port.multi_get(list(keys), self.timeout))
+        return values
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[str | bytes]) -> None:
+        if len(keys) != len(values):
+            raise ValueError(
+                f"multi_set needs as many values as keys (got {len(keys)} keys, "
+                f"{len(values)} values)"
+            )
+        items = {k: _as_bytes(v, "value") for k, v in zip(keys, values, strict=True)}
+        self._run(self.port.multi_set(items))
+
+    def delete_key(self, key: str) -> bool:
+        existed: bool = self._run(self.port.delete(key))
+        return existed
+
+    def num_keys(self) -> int:
+        async def count() -> int:
+            _, snap = await self.port.snapshot("")
+            return len(snap)
+
+        n: int = self._run(count())
+        return n
+
+
+class ThreadedStore:
+    """The store port over a blocking store with torch's methods, each call in a thread.
+
+    What the agent needs of a synchronous handler's store (``set``, ``get``, ``add``,
+    ``compare_set``, ``wait``, ``delete``, ``multi_get``, ``multi_set``, ``try_get``).
+    Leases, snapshots and watches are not in torch's ``Store``: they raise
+    ``NotImplementedError`` naming the method.
+    """
+
+    def __init__(self, store: Any, runner: ThreadRunner) -> None:
+        self.store = store
+        self._run = runner
+
+    async def _call(self, name: str, *args: Any) -> Any:
+        method = getattr(self.store, name)
+        return await self._run(lambda: method(*args))
+
+    async def set(self, key: str, value: bytes, *, lease: Any = None) -> None:
+        if lease is not None:
+            raise NotImplementedError("a torch Store has no leases: set(lease=) is not supported")
+        await self._call("set", key, value)
+
+    async def get(self, key: str, timeout: float | None = None) -> bytes:
+        if timeout is not None:
+            await self._call("wait", [key], timedelta(seconds=timeout))
+        return bytes(await self._call("get", key))
+
+    async def try_get(self, key: str) -> bytes | None:
+        if not await self._call("check", [key]):
+            return None
+        return bytes(await self._call("get", key))
+
+    async def add(self, key: str, amount: int) -> int:
+        return int(await self._call("add", key, amount))
+
+    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+        return bytes(await self._call("compare_set", key, expected or b"", desired))
+
+    async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        if timeout is None:
+            await self._call("wait", list(keys))
+        else:
+            await self._call("wait", list(keys), timedelta(seconds=timeout))
+
+    async def delete(self, key: str) -> bool:
+        return bool(await self._call("delete_key", key))
+
+    async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        await self.wait(keys, timeout)
+        return [bytes(v) for v in await self._call("multi_get", list(keys))]
+
+    async def multi_set(self, items: Mapping[str, bytes]) -> None:
+        await self._call("multi_set", list(items), list(items.values()))
+
+    async def grant_lease(self, ttl: float) -> Any:
+        raise NotImplementedError("a torch Store has no leases: grant_lease() is not supported")
+
+    async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
+        raise NotImplementedError("a torch Store has no snapshots: snapshot() is not supported")
+
+    async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
+        raise NotImplementedError("a torch Store has no watches: watch() is not supported")
+
 
 class RendezvousInfo:
     """Holds the information about the rendezvous."""
@@ -106,7 +333,7 @@ class RendezvousInfo:
 
     def __init__(
         self,
-        store: Store,
+        store: Any,
         rank: int,
         world_size: int,
         bootstrap_store_info: RendezvousStoreInfo,
@@ -119,8 +346,12 @@ class RendezvousInfo:
         self.round = round
 
     @property
-    def store(self) -> Store:
-        """Store used by the agents of this round (prefixed by the round)."""
+    def store(self) -> Any:
+        """Store used by the agents of this round (prefixed by the round).
+
+        The store port (asynchronous) from ``next_rendezvous_async()``; a
+        :class:`SyncStore` (torch's blocking methods) from ``next_rendezvous()``.
+        """
         return self._store
 
     @property
@@ -145,15 +376,17 @@ class RendezvousContext(Frozen):
     ``node_id`` must be unique among the job's agents; ``node_addr`` is what rank 0
     publishes as MASTER_ADDR.  ``port_chooser`` gives rank 0 a MASTER_PORT (a free TCP
     port in real mode, any int in the simulator); without it the ``master_port`` config
-    key, else 29500, is used.
+    key, else 29500, is used.  ``sync_runner`` (real mode) runs a coroutine to completion
+    from any thread; handlers built on this context get it for torch's blocking API.
     """
 
-    __slots__ = ("clock", "node_addr", "node_id", "port_chooser", "store")
+    __slots__ = ("clock", "node_addr", "node_id", "port_chooser", "store", "sync_runner")
     store: Store
     clock: Clock
     node_addr: str
     node_id: str
     port_chooser: Callable[[], int] | None
+    sync_runner: SyncRunner | None
 
     def __init__(
         self,
@@ -162,18 +395,37 @@ class RendezvousContext(Frozen):
         node_addr: str,
         node_id: str,
         port_chooser: Callable[[], int] | None = None,
+        sync_runner: SyncRunner | None = None,
     ) -> None:
         set_fields(self, "store", store)
         set_fields(self, "clock", clock)
         set_fields(self, "node_addr", node_addr)
         set_fields(self, "node_id", node_id)
         set_fields(self, "port_chooser", port_chooser)
+        set_fields(self, "sync_runner", sync_runner)
+
+
+_PAIRS = {
+    "next_rendezvous": "next_rendezvous_async",
+    "is_closed": "is_closed_async",
+    "set_closed": "set_closed_async",
+    "num_nodes_waiting": "num_nodes_waiting_async",
+    "shutdown": "shutdown_async",
+}
 
 
 class RendezvousHandler(ABC):
-    """Main rendezvous interface."""
+    """Main rendezvous interface.
+
+    Implement ``get_backend``, ``get_run_id`` and, for each of ``next_rendezvous``,
+    ``is_closed``, ``set_closed``, ``num_nodes_waiting`` and ``shutdown``, either torch's
+    synchronous method or its ``*_async`` twin (see the module docstring).
+    """
 
     sync_runner: SyncRunner | None = None
+    thread_runner: ThreadRunner | None = None
+    _watch_clock: Clock | None = None
+    _watch_interval: float = 30.0
 
     @abstractmethod
     def get_backend(self) -> str:
@@ -185,40 +437,54 @@ class RendezvousHandler(ABC):
         return False
 
     @abstractmethod
-    async def next_rendezvous_async(self) -> RendezvousInfo:
-        """Main entry-point into the rendezvous barrier."""
-
-    @abstractmethod
-    async def watch_async(self) -> str:
-        """Wait until the current round should end; return why.
-
-        Reasons: ``"nodes_waiting"`` (late arrivals want in), ``"peer_lost"`` (a member's
-        lease expired), ``"restarted"`` (another member already opened the next round,
-        e.g. because its workers failed), ``"closed"``.  Never returns while the round
-        stays valid.  Every reason means: call :meth:`next_rendezvous_async` again.
-        """
-
-    @abstractmethod
-    async def is_closed_async(self) -> bool:
-        """Whether the rendezvous has been closed."""
-
-    @abstractmethod
-    async def set_closed_async(self) -> None:
-        """Mark the rendezvous as closed."""
-
-    @abstractmethod
-    async def num_nodes_waiting_async(self) -> int:
-        """The number of nodes who arrived late at the rendezvous barrier."""
-
-    @abstractmethod
     def get_run_id(self) -> str:
         """The run id of the rendezvous."""
 
-    async def shutdown_async(self) -> bool:
-        """Close all resources that were open for the rendezvous."""
-        return True
+    # which face a subclass implements ----------------------------------------------
+    @classmethod
+    def synchronous_methods(cls) -> list[str]:
+        """torch's methods this class implements only synchronously (run in a thread)."""
+        return [
+            sync
+            for sync, coro in _PAIRS.items()
+            if getattr(cls, sync) is not getattr(RendezvousHandler, sync)
+            and getattr(cls, coro) is getattr(RendezvousHandler, coro)
+        ]
 
-    # torch's synchronous API --------------------------------------------------------
+    def bind_clock(self, clock: Clock, monitor_interval: float = 30.0) -> None:
+        """Let the agent drive a synchronous handler on ``clock`` without blocking it.
+
+        Does nothing for a handler whose every method is asynchronous.  Otherwise the
+        clock must offer ``run_in_thread`` (the real one does); the simulator's does not,
+        and a synchronous handler is refused there with one line.
+        """
+        sync = self.synchronous_methods()
+        if not sync:
+            return
+        runner = getattr(clock, "run_in_thread", None)
+        if runner is None:
+            raise RendezvousError(
+                f"{type(self).__name__} implements only torch's synchronous "
+                f"{', '.join(m + '()' for m in sync)}, which would block the simulator: "
+                f"implement {', '.join(_PAIRS[m] + '()' for m in sync)} to simulate it"
+            )
+        self.thread_runner = runner
+        self._watch_clock = clock
+        self._watch_interval = monitor_interval
+
+    async def _in_thread(self, method: str) -> Any:
+        fn = getattr(self, method)
+        if getattr(type(self), method) is getattr(RendezvousHandler, method):
+            raise NotImplementedError(
+                f"{type(self).__name__} implements neither {method}() nor {_PAIRS[method]}()"
+            )
+        if self.thread_runner is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.{method}() is synchronous: the agent runs it in a "
+                "thread once bind_clock() was given a real clock; call it directly instead"
+            )
+        return await self.thread_runner(fn)
+
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self.sync_runner is None:
             coro.close()
@@ -229,20 +495,128 @@ class RendezvousHandler(ABC):
         result: T = self.sync_runner(coro)
         return result
 
+    def _check_async(self, method: str) -> None:
+        if getattr(type(self), method) is getattr(RendezvousHandler, method):
+            raise NotImplementedError(
+                f"{type(self).__name__} implements neither {_sync_of(method)}() nor {method}()"
+            )
+
+    # the asynchronous face ------------------------------------------------------------
+    async def next_rendezvous_async(self) -> RendezvousInfo:
+        """Main entry-point into the rendezvous barrier.
+
+        For a synchronous handler, the info's store is made the store port: a
+        :class:`SyncStore` gives back its port; another blocking store (torch's
+        ``Store`` methods) is called in threads (:class:`ThreadedStore`).
+        """
+        info: RendezvousInfo = await self._in_thread("next_rendezvous")
+        store = info.store
+        if isinstance(store, SyncStore):
+            store = store.port
+        elif not inspect.iscoroutinefunction(getattr(store, "get", None)):
+            assert self.thread_runner is not None
+            store = ThreadedStore(store, self.thread_runner)
+        return RendezvousInfo(
+            store, info.rank, info.world_size, info.bootstrap_store_info, info.round
+        )
+
+    async def watch_async(self) -> str:
+        """Wait until the current round should end; return why.
+
+        Reasons: ``"nodes_waiting"`` (late arrivals want in), ``"peer_lost"`` (a member's
+        lease expired), ``"restarted"`` (another member already opened the next round,
+        e.g. because its workers failed), ``"closed"``.  Never returns while the round
+        stays valid.  Every reason means: call :meth:`next_rendezvous_async` again.
+
+        This default (for a synchronous handler, which has no watch) asks
+        ``num_nodes_waiting_async()`` and ``is_closed_async()`` every monitor interval.
+        """
+        clock = self._watch_clock
+        if clock is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} implements no watch_async(); an asynchronous "
+                "handler must (the agent awaits it instead of polling)"
+            )
+        while True:
+            if await self.is_closed_async():
+                return "closed"
+            if await self.num_nodes_waiting_async() > 0:
+                return "nodes_waiting"
+            await clock.sleep(self._watch_interval)
+
+    async def watch_members_async(self) -> str:
+        """Wait until a member of the current round is lost or the round ends; return why.
+
+        What the agent awaits beside the rank exchange of a round just formed: unlike
+        :meth:`watch_async`, late arrivals (``"nodes_waiting"``) do not end it, so the
+        exchange finishes and the round runs first.  A handler that cannot tell them apart
+        keeps this default, which is :meth:`watch_async` itself (a late arrival then ends
+        the round before it runs).
+        """
+        return await self.watch_async()
+
+    async def is_closed_async(self) -> bool:
+        """Whether the rendezvous has been closed."""
+        closed: bool = await self._in_thread("is_closed")
+        return closed
+
+    async def set_closed_async(self) -> None:
+        """Mark the rendezvous as closed."""
+        await self._in_thread("set_closed")
+
+    async def num_nodes_waiting_async(self) -> int:
+        """The number of nodes who arrived late at the rendezvous barrier."""
+        n: int = await self._in_thread("num_nodes_waiting")
+        return n
+
+    async def shutdown_async(self) -> bool:
+        """Close all resources that were open for the rendezvous."""
+        if type(self).shutdown is RendezvousHandler.shutdown:
+            return True  # nothing to close
+        done: bool = await self._in_thread("shutdown")
+        return done
+
+    # torch's synchronous face -------------------------------------------------------
     def next_rendezvous(self) -> RendezvousInfo:
-        return self._run(self.next_rendezvous_async())
+        """Main entry-point into the rendezvous barrier (blocking).
+
+        The returned info's ``store`` is a :class:`SyncStore`.
+        """
+        self._check_async("next_rendezvous_async")
+        info = self._run(self.next_rendezvous_async())
+        assert self.sync_runner is not None
+        return RendezvousInfo(
+            SyncStore(info.store, self.sync_runner),
+            info.rank,
+            info.world_size,
+            info.bootstrap_store_info,
+            info.round,
+        )
 
     def is_closed(self) -> bool:
+        """Check whether the rendezvous has been closed."""
+        self._check_async("is_closed_async")
         return self._run(self.is_closed_async())
 
     def set_closed(self) -> None:
+        """Mark the rendezvous as closed."""
+        self._check_async("set_closed_async")
         self._run(self.set_closed_async())
 
     def num_nodes_waiting(self) -> int:
+        """Return the number of nodes who arrived late at the rendezvous barrier."""
+        self._check_async("num_nodes_waiting_async")
         return self._run(self.num_nodes_waiting_async())
 
     def shutdown(self) -> bool:
+        """Close all resources that were open for the rendezvous."""
+        if type(self).shutdown_async is RendezvousHandler.shutdown_async:
+            return True
         return self._run(self.shutdown_async())
+
+
+def _sync_of(method: str) -> str:
+    return method.removesuffix("_async")
 
 
 _TRUE = {"1", "true", "t", "yes", "y"}

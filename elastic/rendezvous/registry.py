@@ -1,15 +1,28 @@
 """The registry of rendezvous backends, with torch's names and messages.
 
-torch's creators take only :class:`RendezvousParameters` and reach the network
-themselves; ours are handed the ports in a :class:`RendezvousContext`, so the same
-handler runs in the simulator and for real.  Registered by default: ``c10d`` (the
-dynamic rendezvous), ``static`` (fixed world), and ``etcd``/``etcd-v2`` (the dynamic
-rendezvous over an etcd v3 store).
+A creator is either torch's ``creator(params)`` (it reaches the network itself) or
+ours, ``creator(params, ctx)``, handed the ports in a :class:`RendezvousContext` so the
+same handler runs in the simulator and for real; the registry calls each with the
+arguments it takes.  Without a context (torch's one-argument
+``get_rendezvous_handler(params)``), real mode's ports are built by
+:func:`elastic.real.rdzv_context.default_context`.
+
+Registered by default: ``c10d`` (the dynamic rendezvous over the store port),
+``etcd-v2`` (the same, named for etcd), ``etcd`` (the legacy
+:class:`~elastic.rendezvous.etcd_rendezvous.EtcdRendezvousHandler`) and ``static``.
+Out-of-tree handlers published under the ``torchrun.handlers`` entry-point group are
+registered as in torch (each entry point loads a function returning the creator), when
+a backend is first asked for that is not registered rather than at import: reading
+the installed packages' metadata costs ~12 ms, and ``elastic run`` with a built-in
+backend never needs it.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Callable
+from typing import Any
 
 from elastic.clock import Clock
 from elastic.rendezvous.api import (
@@ -27,7 +40,20 @@ __all__ = [
     "rendezvous_handler_registry",
 ]
 
-RendezvousHandlerCreator = Callable[[RendezvousParameters, RendezvousContext], RendezvousHandler]
+log = logging.getLogger(__name__)
+
+#: ``creator(params, ctx)`` (ours) or ``creator(params)`` (torch's).
+RendezvousHandlerCreator = Callable[..., RendezvousHandler]
+
+
+def _takes_context(creator: Callable[..., Any]) -> bool:
+    try:
+        inspect.signature(creator).bind(None, None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin): ours
+        return True
+    return True
 
 
 class RendezvousHandlerRegistry:
@@ -52,6 +78,8 @@ class RendezvousHandlerRegistry:
         self, params: RendezvousParameters, ctx: RendezvousContext | None = None
     ) -> RendezvousHandler:
         """Create the handler of ``params.backend`` on the ports in ``ctx``."""
+        if params.backend not in self._registry and self is rendezvous_handler_registry:
+            _register_out_of_tree_handlers()
         try:
             creator = self._registry[params.backend]
         except KeyError:
@@ -59,13 +87,16 @@ class RendezvousHandlerRegistry:
                 f"The rendezvous backend '{params.backend}' is not registered. Did you forget "
                 f"to call `{self.register.__name__}`?"
             ) from None
-        if ctx is None:
-            raise ValueError(
-                f"The rendezvous backend '{params.backend}' needs the clock and store ports: "
-                "pass a RendezvousContext (or store=, clock= and node= to "
-                "get_rendezvous_handler)."
-            )
-        handler = creator(params, ctx)
+        if not _takes_context(creator):
+            handler = creator(params)
+        else:
+            if ctx is None:
+                from elastic.real.rdzv_context import default_context
+
+                ctx = default_context(params)
+            handler = creator(params, ctx)
+            if ctx.sync_runner is not None and handler.sync_runner is None:
+                handler.sync_runner = ctx.sync_runner
         if handler.get_backend() != params.backend:
             raise RuntimeError(
                 f"The rendezvous backend '{handler.get_backend()}' does not match the requested "
@@ -87,13 +118,15 @@ def get_rendezvous_handler(
     node_addr: str | None = None,
     sync_runner: SyncRunner | None = None,
 ) -> RendezvousHandler:
-    """torch's ``get_rendezvous_handler``, given the ports.
+    """torch's ``get_rendezvous_handler``; optionally given the ports.
 
-    Either a ``ctx`` or all of ``store``, ``clock`` and ``node`` (the node id;
-    ``node_addr`` defaults to ``params.local_addr``, then to ``node``).  ``sync_runner``
-    makes torch's synchronous methods (``next_rendezvous()``, ``is_closed()``, …) work:
-    in real mode, :meth:`elastic.real.loop_thread.LoopThread.run` of the loop the clock
-    and store live on.  Without it only the ``*_async`` methods may be used.
+    With ``params`` alone (torch's call) the real ports are built (see the module
+    docstring) and torch's blocking methods work at once.  Otherwise either a ``ctx`` or
+    all of ``store``, ``clock`` and ``node`` (the node id; ``node_addr`` defaults to
+    ``params.local_addr``, then to ``node``).  ``sync_runner`` makes torch's synchronous
+    methods (``next_rendezvous()``, ``is_closed()``, …) work on given ports: in real
+    mode, :meth:`elastic.real.loop_thread.LoopThread.run` of the loop the clock and store
+    live on.  Without it only the ``*_async`` methods may be used.
     """
     if ctx is None and (store is not None or clock is not None or node is not None):
         if store is None or clock is None or node is None:
@@ -107,9 +140,9 @@ def get_rendezvous_handler(
 
 
 def _create_c10d(params: RendezvousParameters, ctx: RendezvousContext) -> RendezvousHandler:
-    from elastic.rendezvous.dynamic import create_handler
+    from elastic.rendezvous.dynamic_rendezvous import create_port_handler
 
-    return create_handler(params, ctx)
+    return create_port_handler(params, ctx)
 
 
 def _create_static(params: RendezvousParameters, ctx: RendezvousContext) -> RendezvousHandler:
@@ -120,20 +153,47 @@ def _create_static(params: RendezvousParameters, ctx: RendezvousContext) -> Rend
     return handler
 
 
-def _create_etcd(params: RendezvousParameters, ctx: RendezvousContext) -> RendezvousHandler:
-    # torch's etcd-v2 is the dynamic rendezvous over etcd; its legacy "etcd" handler is a
-    # different protocol on etcd's v2 API, which current etcd no longer serves: both names
-    # run the dynamic rendezvous over the etcd v3 store the launcher opened (ctx.store)
-    from elastic.rendezvous.dynamic import create_handler
+def _create_etcd_v2(params: RendezvousParameters, ctx: RendezvousContext) -> RendezvousHandler:
+    # torch builds a DynamicRendezvousHandler over an etcd backend; ours runs the same
+    # handler over the store (etcd's watches and leases) instead of one polled blob.
+    from elastic.rendezvous.dynamic_rendezvous import create_port_handler
 
-    return create_handler(params, ctx)
+    return create_port_handler(params, ctx)
+
+
+def _create_etcd(params: RendezvousParameters, ctx: RendezvousContext) -> RendezvousHandler:
+    from elastic.rendezvous.etcd_rendezvous import create_rdzv_handler
+
+    return create_rdzv_handler(params, ctx)
 
 
 def _register_default_handlers() -> None:
     rendezvous_handler_registry.register("c10d", _create_c10d)
     rendezvous_handler_registry.register("static", _create_static)
     rendezvous_handler_registry.register("etcd", _create_etcd)
-    rendezvous_handler_registry.register("etcd-v2", _create_etcd)
+    rendezvous_handler_registry.register("etcd-v2", _create_etcd_v2)
 
 
+def _register_out_of_tree_handlers() -> None:
+    """Register the creators published under the ``torchrun.handlers`` entry points.
+
+    As torch: an entry point loads a function that returns the creator; a plugin that
+    fails to load is logged and skipped.
+    """
+    global _out_of_tree_loaded
+    if _out_of_tree_loaded:
+        return
+    _out_of_tree_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="torchrun.handlers"):
+        try:
+            rendezvous_handler_registry.register(ep.name, ep.load()())
+        except Exception:
+            log.warning(
+                "Exception while registering out of tree plugin %s: ", ep.name, exc_info=True
+            )
+
+
+_out_of_tree_loaded = False
 _register_default_handlers()

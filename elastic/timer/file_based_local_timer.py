@@ -4,13 +4,31 @@ Wire format (torch's, version 1): one line per request, at most ``MAX_LINE_BYTES
 (``select.PIPE_BUF``, so a write is atomic), a JSON object
 ``{"version": 1, "pid": int, "scope_id": str, "expiration_time": number, "signal": int}``;
 a negative ``expiration_time`` is a release.  Nothing else is accepted: a longer line,
-another version, a missing or mistyped field is logged and dropped.
+another version, a missing or mistyped field, JSON nested deeper than Python can parse
+is logged and dropped (the other requests read with it are kept).
+
+Limits (anything that can write the pipe is untrusted): lines of at most
+``MAX_LINE_BYTES``; at most ``MAX_TIMERS`` (1,024) live timers per server — an acquire
+of a new scope beyond that is refused (a renewal or a release always passes); a pid is
+checked by walking ``/proc/<pid>/stat`` up to its ancestors (tens of µs per request);
+warnings about refused or malformed requests are rate-limited to ``_LOG_BURST`` (10)
+lines per ``_LOG_WINDOW`` (10 s), followed by one line counting what was suppressed.
+
+The pipe's path (``TORCHELASTIC_TIMER_FILE``): created as a FIFO.  A stale FIFO of this
+user at that path is replaced (torch's behaviour); any other existing file, or a path
+that cannot be created, is refused with a :class:`~elastic.errors.ConfigError` naming
+the variable — the server never deletes a file that is not a FIFO, and ``stop()``
+removes the pipe only if it is still the one it made.
 
 Server (real adapter): the FIFO is created with mode 0o600 (owner only).  The driver
 loop watches it with ``loop.add_reader`` — it wakes when a client writes, never on a
 timer — and keeps a write end open itself so the pipe does not report end-of-file
 between clients.  Requests go through a :class:`~elastic.timer.guard.ReapGuard`:
 only this agent's worker pids and the allowed signals.
+
+A worker that has already exited (gone, or a zombie awaiting its parent) has its timers
+dropped without a signal and without reporting a kill, as torch's ``clear_timers``
+drops the timers of processes no longer running.
 
 Unlike torch, after reaping a worker the server does **not** send the same signal to its
 own process: it reports the reap (``log_event("kill worker process", request)`` and
@@ -40,6 +58,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
+from elastic.errors import ConfigError
+from elastic.timer import debug_info_logging
 from elastic.timer.api import TimerClient, TimerError, TimerRequest
 from elastic.timer.guard import DEFAULT_ALLOWED_SIGNALS, Reaped, ReapGuard
 from elastic.timer.serving import DriverThread
@@ -54,6 +76,38 @@ MAX_LINE_BYTES = select.PIPE_BUF
 """Longest request line, newline included; writes up to PIPE_BUF are atomic."""
 
 PROTOCOL_VERSION = 1
+MAX_TIMERS = 1024
+"""Most live timers a server holds; a new scope beyond it is refused."""
+_LOG_BURST = 10
+_LOG_WINDOW = 10.0  # seconds
+
+
+class _RateLimited:
+    """At most ``_LOG_BURST`` warnings per ``_LOG_WINDOW`` seconds, then a count."""
+
+    def __init__(self) -> None:
+        self._window_start = -math.inf
+        self._sent = 0
+        self._suppressed = 0
+
+    def warning(self, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._window_start >= _LOG_WINDOW:
+            if self._suppressed:
+                log.warning(
+                    "%d more timer request warnings suppressed in the last %gs",
+                    self._suppressed,
+                    _LOG_WINDOW,
+                )
+            self._window_start, self._sent, self._suppressed = now, 0, 0
+        if self._sent < _LOG_BURST:
+            self._sent += 1
+            log.warning(msg, *args)
+        else:
+            self._suppressed += 1
+
+
+_warn = _RateLimited()
 
 _DEFAULT_SIGNAL = signal_mod.SIGKILL if sys.platform != "win32" else signal_mod.CTRL_C_EVENT  # type: ignore[attr-defined,unused-ignore]
 
@@ -93,18 +147,21 @@ class FileTimerRequest(TimerRequest):
 def parse_line(line: bytes) -> FileTimerRequest | None:
     """One pipe line as a request, or None (logged) when it breaks the schema."""
     if len(line) > MAX_LINE_BYTES:
-        log.warning("dropping timer request of %d bytes: limit is %d", len(line), MAX_LINE_BYTES)
+        _warn.warning("dropping timer request of %d bytes: limit is %d", len(line), MAX_LINE_BYTES)
         return None
     try:
         obj = json.loads(line)
     except (ValueError, UnicodeDecodeError):
-        log.warning("dropping timer request: not JSON")
+        _warn.warning("dropping timer request: not JSON")
+        return None
+    except RecursionError:
+        _warn.warning("dropping timer request: JSON nested too deeply")
         return None
     if not isinstance(obj, dict):
-        log.warning("dropping timer request: expected a JSON object")
+        _warn.warning("dropping timer request: expected a JSON object")
         return None
     if obj.get("version") != PROTOCOL_VERSION:
-        log.warning(
+        _warn.warning(
             "dropping timer request with version %r: this server speaks version %d",
             obj.get("version"),
             PROTOCOL_VERSION,
@@ -119,7 +176,9 @@ def parse_line(line: bytes) -> FileTimerRequest | None:
         or not math.isfinite(exp)
         or type(sig) is not int
     ):
-        log.warning("dropping timer request with missing or mistyped fields: %s", sorted(obj))
+        _warn.warning(
+            "dropping timer request with missing or mistyped fields: %s", sorted(obj)[:10]
+        )
         return None
     return FileTimerRequest(pid, scope, float(exp), sig)
 
@@ -206,17 +265,49 @@ class FileTimerServer:
         self._wfd: int | None = None
         self._buf = b""
         self._discarding = False
+        self._pending = 0  # acquires admitted by the running _drain, not yet registered
+        self._fifo_id: tuple[int, int] | None = None  # (device, inode) of the pipe we made
         self._make_fifo()
 
     def _make_fifo(self) -> None:
-        if os.path.lexists(self._file_path):
-            os.remove(self._file_path)
+        path = self._file_path
+        where = "TORCHELASTIC_TIMER_FILE"
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise ConfigError(
+                where, f"{path!r}: {e.strerror}; give a path for a new pipe"
+            ) from None
+        else:
+            if not stat.S_ISFIFO(st.st_mode) or st.st_uid != os.getuid():
+                raise ConfigError(
+                    where,
+                    f"{path!r} exists and is not a timer pipe of this user; it is left "
+                    "alone: give the path of a file that does not exist",
+                )
+            os.remove(path)  # a stale pipe of ours (torch replaces it too)
         old = os.umask(0o077)  # no window where the pipe is wider than 0o600
         try:
-            os.mkfifo(self._file_path, 0o600)
+            os.mkfifo(path, 0o600)
+            os.chmod(path, 0o600)
+            st = os.lstat(path)
+        except (OSError, ValueError) as e:
+            why = getattr(e, "strerror", None) or e
+            raise ConfigError(where, f"{path!r}: cannot create the pipe ({why})") from None
         finally:
             os.umask(old)
-        os.chmod(self._file_path, 0o600)
+        self._fifo_id = (st.st_dev, st.st_ino)
+
+    def _remove_fifo(self) -> None:
+        """Remove the pipe if it is still the one this server made."""
+        try:
+            st = os.lstat(self._file_path)
+        except OSError:
+            return
+        if stat.S_ISFIFO(st.st_mode) and (st.st_dev, st.st_ino) == self._fifo_id:
+            os.remove(self._file_path)
 
     # lifecycle
 
@@ -238,8 +329,7 @@ class FileTimerServer:
         """Stop the watchdog, remove the pipe."""
         log.info("Stopping %s", type(self).__name__)
         self._core.stop(self._max_interval)
-        if os.path.lexists(self._file_path):
-            os.remove(self._file_path)
+        self._remove_fifo()
         self._log_event("watchdog stopped", None)
 
     def run_once(self) -> None:
@@ -247,8 +337,7 @@ class FileTimerServer:
         if self._rfd is not None:
             self._core.call(self._drain)
         self._core.stop(None)
-        if os.path.lexists(self._file_path):
-            os.remove(self._file_path)
+        self._remove_fifo()
 
     async def _open_pipe(self, loop: Any) -> None:
         st = os.lstat(self._file_path)
@@ -286,7 +375,7 @@ class FileTimerServer:
                 nl = self._buf.find(b"\n")
                 if nl < 0:
                     if len(self._buf) > MAX_LINE_BYTES:
-                        log.warning(
+                        _warn.warning(
                             "dropping an over-long timer request (> %d bytes)", MAX_LINE_BYTES
                         )
                         self._buf, self._discarding = b"", True
@@ -298,12 +387,13 @@ class FileTimerServer:
                 request = parse_line(line)
                 if request is not None and self._admit(request):
                     requests.append(request)
+        self._pending = 0
         if requests:
             self.register_timers(requests)
 
     def _admit(self, request: FileTimerRequest) -> bool:
         if not self.guard.signal_allowed(request.signal) and request.expiration_time >= 0:
-            log.warning(
+            _warn.warning(
                 "refusing timer of pid %s: signal %s is not allowed (allowed: %s)",
                 request.worker_pid,
                 request.signal,
@@ -311,8 +401,24 @@ class FileTimerServer:
             )
             return False
         if not self.guard.pid_allowed(request.worker_pid):
-            log.warning("refusing timer of pid %s: not a worker of this agent", request.worker_pid)
+            _warn.warning(
+                "refusing timer of pid %s: not a worker of this agent", request.worker_pid
+            )
             return False
+        if (
+            request.expiration_time >= 0
+            and len(self._timers) + self._pending >= MAX_TIMERS
+            and not self._timers.has(request.worker_id, request.scope_id)
+        ):
+            _warn.warning(
+                "refusing timer %r of pid %s: %d timers are live (the limit)",
+                request.scope_id[:100],
+                request.worker_pid,
+                MAX_TIMERS,
+            )
+            return False
+        if request.expiration_time >= 0:
+            self._pending += 1
         return True
 
     # torch's storage API
@@ -341,6 +447,16 @@ class FileTimerServer:
         except OSError:
             return False
         return True
+
+    @staticmethod
+    def _exited(pid: int) -> bool:
+        """Gone, or a zombie: it ran its last instruction and cannot be reaped again."""
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:
+            return False
 
     def set_worker_pids(self, pids: Iterable[int] | None) -> None:
         """Allow only these workers (and descendants); drop timers of the others."""
@@ -373,8 +489,17 @@ class FileTimerServer:
             if request.signal > 0:
                 chosen = request
                 break
+        debug_info_logging.log_debug_info_for_expired_timers(
+            self._run_id, {pid: [r.to_json() for r in expired]}
+        )
         if chosen is None:
             log.info("No signal specified with worker=[%s]. Do not reap it.", pid)
+            return True
+        if self._exited(pid):  # torch drops an exited process's timers: no kill to report
+            log.info("Process with pid=%s does not exist. Skipping", pid)
+            return True
+        if not self.guard.pid_allowed(pid):  # not ours (any more): dropped, not signalled
+            log.warning("dropping the timers of pid %s: not a worker of this agent", pid)
             return True
         log.info("Reaping worker_pid=[%s]. Expired timers: %s", pid, [r.scope_id for r in expired])
         if not self._reap_worker(pid, chosen.signal):

@@ -77,6 +77,10 @@ class TimerTable(Generic[R]):
                 self._timers[key] = request
         self._forget_idle_postponements()
 
+    def has(self, worker_id: Hashable, scope_id: str) -> bool:
+        """True if this worker holds a timer of this scope."""
+        return (worker_id, scope_id) in self._timers
+
     def clear(self, worker_ids: Iterable[Hashable]) -> None:
         """Drop every timer of the given workers (they were reaped or are gone)."""
         ids = set(worker_ids)

@@ -7,7 +7,7 @@ Theory of operation
 ``SimpleElasticAgent.run_async()`` is torch's ``_invoke_run`` made event-driven:
 
 1. rendezvous (``spec.rdzv_handler.next_rendezvous_async``) → assign ranks through the
-   round's store (:func:`elastic.agent.ranks.exchange_ranks`) → start workers through
+   round's store (:func:`elastic.agent.ranks.exchange_ranks_in_round`) → start workers through
    the workers port;
 2. wait for the **first** of: the group's outcome (a worker exit decides it — any
    failure → FAILED, all exits 0 → SUCCEEDED), a membership change
@@ -30,15 +30,16 @@ from __future__ import annotations
 
 import abc
 import enum
+import inspect
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from elastic.agent.ranks import exchange_ranks
+from elastic.agent.ranks import exchange_ranks_in_round
 from elastic.clock import Cancelled, Clock, Task
 from elastic.errors import ElasticError
-from elastic.events import AgentEvent, EventSink, ListSink
+from elastic.events import AgentEvent, EventSink, NullSink
 from elastic.metrics import put_metric
 from elastic.rendezvous.api import (
     RendezvousClosedError,
@@ -48,7 +49,7 @@ from elastic.rendezvous.api import (
     RendezvousInfo,
 )
 from elastic.store import Store
-from elastic.workers import RunningGroup, WorkerExit, WorkerLaunch, WorkersPort
+from elastic.workers import ExitCause, RunningGroup, WorkerExit, WorkerLaunch, WorkersPort
 
 __all__ = [
     "DEFAULT_ROLE",
@@ -223,8 +224,59 @@ class _Outcome(enum.Enum):
     HEALTH = 2
 
 
+#: torch's documented ``SimpleElasticAgent`` hooks (seed 001).  Ours that exist are
+#: coroutines; the others have no counterpart in the event-driven loop (worker exits are
+#: awaited, not monitored; stopping is the workers port's), so an override would never
+#: be called.  A subclass overriding one the wrong way is refused at construction.
+TORCH_HOOKS = (
+    "_assign_worker_ranks",
+    "_exit_barrier",
+    "_get_master_addr_port",
+    "_initialize_workers",
+    "_monitor_workers",
+    "_rendezvous",
+    "_restart_workers",
+    "_set_master_addr_port",
+    "_share_and_gather",
+    "_shutdown",
+    "_start_workers",
+    "_stop_workers",
+)
+
+
+def torch_hook_refusal(cls: type) -> str | None:
+    """Why an agent class overriding torch's hooks cannot run, or ``None`` if it can."""
+    for name in TORCH_HOOKS:
+        mine = getattr(cls, name, None)
+        ours = getattr(SimpleElasticAgent, name, None)
+        if mine is None or mine is ours:
+            continue
+        if ours is None:
+            return (
+                f"{cls.__qualname__}.{name} overrides torch's hook, which elastic's "
+                "event-driven agent never calls (worker exits are awaited and the workers "
+                "port stops the group): subclass LocalElasticAgent or override the "
+                "async hooks _rendezvous, _start_workers, _initialize_workers, "
+                "_restart_workers or _exit_barrier instead"
+            )
+        if inspect.iscoroutinefunction(ours) and not inspect.iscoroutinefunction(mine):
+            return (
+                f"{cls.__qualname__}.{name} is synchronous (torch's signature), but "
+                f"elastic's agent awaits it on its event loop: declare it `async def {name}` "
+                "(call blocking code in it with `await self.clock.run_in_thread(fn)` in "
+                "real mode)"
+            )
+    return None
+
+
 class SimpleElasticAgent(ElasticAgent):
-    """The elastic agent, event-driven, over the clock, store and workers ports."""
+    """The elastic agent, event-driven, over the clock, store and workers ports.
+
+    A subclass may override the asynchronous hooks (``_rendezvous``, ``_start_workers``,
+    ``_initialize_workers``, ``_restart_workers``, ``_exit_barrier``).  One that
+    overrides torch's synchronous hooks is refused at construction with a ``TypeError``
+    naming the hook (see :func:`torch_hook_refusal`).
+    """
 
     def __init__(
         self,
@@ -241,6 +293,9 @@ class SimpleElasticAgent(ElasticAgent):
         env_hooks: list[EnvHook] | None = None,
         rank_exchange_timeout: float = 600,
     ) -> None:
+        refusal = torch_hook_refusal(type(self))
+        if refusal is not None:
+            raise TypeError(refusal)
         self._worker_group = WorkerGroup(spec)
         self._remaining_restarts = spec.max_restarts
         self._store: Store | None = None
@@ -250,13 +305,16 @@ class SimpleElasticAgent(ElasticAgent):
         self._in_exit_barrier = False
         self._clock = clock
         self._workers_port = workers
-        self._events: EventSink = events if events is not None else ListSink()
+        self._events: EventSink = events if events is not None else NullSink()
         self._node = node
         self._health_watches = list(health_watches or [])
         self._pre_start_checks = list(pre_start_checks or [])
         self._env_hooks = list(env_hooks or [])
         self._rank_exchange_timeout = rank_exchange_timeout
         self._group: RunningGroup | None = None
+        self._seen_exits: dict[int, WorkerExit] = {}  # local rank -> exit, this group's
+        # the current round's rdzv_handler.watch_async(), started before the rank exchange
+        self._membership_watch: Task[str] | None = None
         self._attempt = 0
         self._rounds = 0
         self._round = 0
@@ -282,7 +340,7 @@ class SimpleElasticAgent(ElasticAgent):
 
     def detach_events(self) -> None:
         """Send no more events (the simulator's node died under this agent)."""
-        self._events = ListSink()
+        self._events = NullSink()
 
     def set_death_signal(self, sig: int) -> None:
         """The signal the workers get when the agent is told to stop (SIGTERM by default)."""
@@ -333,6 +391,8 @@ class SimpleElasticAgent(ElasticAgent):
         """Run the agent; ``None`` when this node exits gracefully from the rendezvous."""
         start = self.clock.now()
         spec = self._worker_group.spec
+        # a torch-style synchronous handler runs in threads (real) or is refused (sim)
+        spec.rdzv_handler.bind_clock(self.clock, spec.monitor_interval)
         self._emit("agent.start", max_restarts=spec.max_restarts)
         result: RunResult | None = None
         try:
@@ -394,7 +454,9 @@ class SimpleElasticAgent(ElasticAgent):
                     self._remaining_restarts -= 1
                     await self._restart_workers(wg, "failure")
                     continue
+                group = self._group
                 await self._stop_group("restarts_exhausted")
+                await self._add_other_failures(wg, group, run_result)
                 wg.state = WorkerState.FAILED
                 return self._with_failure_records(run_result)
             if outcome is _Outcome.HEALTH:
@@ -424,8 +486,10 @@ class SimpleElasticAgent(ElasticAgent):
         clock = self.clock
         tasks: list[Task[Any]] = [
             clock.spawn(self._group_outcome(wg, group), name="group-outcome"),
-            clock.spawn(wg.spec.rdzv_handler.watch_async(), name="membership-watch"),
+            self._membership_watch
+            or clock.spawn(wg.spec.rdzv_handler.watch_async(), name="membership-watch"),
         ]
+        self._membership_watch = None  # cancelled below with the others
         tasks += [
             clock.spawn(h.wait_unhealthy(wg), name=f"health-{i}")
             for i, h in enumerate(self._health_watches)
@@ -441,6 +505,7 @@ class SimpleElasticAgent(ElasticAgent):
 
     async def _group_outcome(self, wg: WorkerGroup, group: RunningGroup) -> RunResult:
         exits: dict[int, WorkerExit] = {}
+        self._seen_exits = exits
         by_local = {w.local_rank: w for w in wg.workers}
         while True:
             ex = await group.next_exit()
@@ -466,6 +531,35 @@ class SimpleElasticAgent(ElasticAgent):
                         by_local[lr].global_rank: e.return_value for lr, e in exits.items()
                     },
                 )
+
+    async def _add_other_failures(
+        self, wg: WorkerGroup, group: RunningGroup, result: RunResult
+    ) -> None:
+        """Add to ``result`` every other worker of the stopped ``group`` that did not exit 0.
+
+        torch's report lists every failed rank, root cause first, not only the exit that
+        decided the outcome: workers of a job often fail together, and torch records the
+        siblings its stop ended too (exit code -15, here with the cause "stopped by the
+        agent").  The group is stopped, so every exit the agent has not taken is queued
+        and ``next_exit`` returns at once.
+        """
+        by_local = {w.local_rank: w for w in wg.workers}
+        for _ in range(len(by_local) - len(self._seen_exits)):
+            ex = await group.next_exit()
+            self._seen_exits[ex.local_rank] = ex
+            w = by_local.get(ex.local_rank)
+            if ex.failed and w is not None:
+                if ex.cause is not ExitCause.STOPPED_BY_AGENT:
+                    self._emit(
+                        "torchelastic.worker.status.FAILED",
+                        rank=w.global_rank,
+                        local_rank=ex.local_rank,
+                        exit_code=ex.exit_code,
+                        cause=ex.cause.value,
+                        worker_pid=ex.pid,
+                        attempt=self._attempt,
+                    )
+                result.failures.setdefault(w.global_rank, ex)
 
     def _failure(self, ex: WorkerExit) -> Any:
         """The failure record kept in ``RunResult.failures`` (a ProcessFailure in real mode)."""
@@ -496,14 +590,23 @@ class SimpleElasticAgent(ElasticAgent):
 
     # -- rendezvous, ranks, start, stop ----------------------------------------------------
     async def _initialize_workers(self, wg: WorkerGroup) -> None:
-        while True:
-            await self._rendezvous(wg)
-            refusal = await self._pre_start_refusal()
-            if refusal is not None:
-                self._emit("agent.refused_start", reason=refusal)
-                raise WorkerStartRefused(refusal)
-            await self._start_workers(wg)
-            return
+        try:
+            while True:
+                await self._rendezvous(wg)
+                refusal = await self._pre_start_refusal()
+                if refusal is not None:
+                    self._emit("agent.refused_start", reason=refusal)
+                    raise WorkerStartRefused(refusal)
+                await self._start_workers(wg)
+                return
+        except BaseException:
+            self._drop_membership_watch()
+            raise
+
+    def _drop_membership_watch(self) -> None:
+        task, self._membership_watch = self._membership_watch, None
+        if task is not None:
+            task.cancel()
 
     async def _pre_start_refusal(self) -> str | None:
         for check in self._pre_start_checks:
@@ -528,19 +631,33 @@ class SimpleElasticAgent(ElasticAgent):
                 group_world_size=info.world_size,
             )
             t1 = clock.now()
+            # The round's membership watch starts now: it guards the rank exchange (a
+            # member whose lease expires meanwhile ends the round, so nobody waits for a
+            # dead member's role info) and is then the watch of the running group.
+            watch = clock.spawn(spec.rdzv_handler.watch_async(), name="membership-watch")
             try:
-                assignment = await exchange_ranks(
-                    info.store,
-                    info.rank,
-                    info.world_size,
+                assignment = await exchange_ranks_in_round(
+                    clock,
+                    spec.rdzv_handler,
+                    info,
                     spec.role,
                     spec.local_world_size,
                     timeout=self._rank_exchange_timeout,
+                    watch=watch,
                 )
-            except TimeoutError:
+            except BaseException as e:
+                watch.cancel()
+                if not isinstance(e, TimeoutError):
+                    raise
                 # a peer of this round vanished before the exchange finished: next round
                 self._emit("agent.membership_change", reason="rank_exchange_timeout")
                 continue
+            if isinstance(assignment, str):
+                watch.cancel()
+                self._emit("agent.membership_change", reason=assignment)
+                continue
+            self._drop_membership_watch()
+            self._membership_watch = watch
             break
         wg.store = info.store
         self._store = info.store

@@ -22,6 +22,14 @@ Endpoints:
   parser).  An exception in a callback gives 500 for that request only; the server
   goes on serving and the agent never sees it.
 
+Limits (a health port is reachable by anything on the host): a port in
+``[0, 65535]`` (else ``ValueError`` at construction); at most ``max_connections``
+(64) connections served at once — more are closed at once, unanswered — and a listen
+backlog of 128; each connection must deliver its whole request (request line and
+headers, at most 64 KiB and 100 headers: ``http.server``'s limits) within
+``request_timeout`` seconds (5) in total, however slowly it trickles, else it is
+closed; responses are written with the same timeout per write.
+
 It binds to 127.0.0.1 unless given ``host``; ``port=0`` picks a free port (read
 :attr:`HealthCheckServer.port` after ``start()``).  ``alive_callback`` returns
 seconds on the same time base as ``now`` (default wall-clock ``time.time``, torch's
@@ -40,6 +48,7 @@ Agent use (``TORCHELASTIC_HEALTH_CHECK_PORT``)::
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import math
@@ -59,6 +68,9 @@ log = logging.getLogger(__name__)
 Metrics = Mapping[str, float | int | bool | Mapping[str, float | int | bool]]
 
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_:]")
+MAX_CONNECTIONS = 64
+REQUEST_TIMEOUT = 5.0  # seconds for a client to send its whole request
+LISTEN_BACKLOG = 128
 _PATHS = ("/health", "/metrics")
 
 
@@ -104,7 +116,13 @@ class HealthCheckServer:
         status_callback: Callable[[], Mapping[str, Any]] | None = None,
         metrics_callback: Callable[[], Metrics] | None = None,
         now: Callable[[], float] = time.time,
+        max_connections: int = MAX_CONNECTIONS,
+        request_timeout: float = REQUEST_TIMEOUT,
     ) -> None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"health check port: got {port!r}; expected 0..65535")
+        self.max_connections = max_connections
+        self.request_timeout = request_timeout
         self._alive_callback = alive_callback
         self._port = port
         self._timeout = timeout
@@ -196,13 +214,62 @@ class HealthCheckServer:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(
         self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], owner: HealthCheckServer
     ) -> None:
         self.owner = owner
         self.stopping = False
+        self._active = 0
+        self._lock = threading.Lock()
         super().__init__(addr, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # the cap: one thread per connection, so connections beyond it are closed at
+        # once rather than queued (a flood cannot grow the agent's threads)
+        with self._lock:
+            full = self._active >= self.owner.max_connections
+            if not full:
+                self._active += 1
+        if full:
+            log.debug("health check: %s connections open; closing %s", self._active, client_address)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._active -= 1
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, each with what remains of one deadline as its timeout:
+    a client trickling a byte at a time cannot keep its connection past the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("health check: the request took too long to arrive")
+        self._sock.settimeout(remaining)
+        return self._sock.recv_into(buffer)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a broken client connection must not print tracebacks to the agent's stderr
@@ -214,6 +281,11 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 5  # a slow or silent client cannot hold a thread for long
     protocol_version = "HTTP/1.0"
     server_version = "elastic-health"
+
+    def setup(self) -> None:
+        super().setup()
+        deadline = time.monotonic() + self.server.owner.request_timeout
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("health check: " + format, *args)
@@ -260,9 +332,14 @@ class _Handler(BaseHTTPRequestHandler):
                     "text/plain",
                     body,
                 )
+        except OSError as e:  # the client went away (or is too slow): nothing to answer
+            log.debug("health check: connection lost serving %s: %s", path, e)
         except Exception:
             log.exception("health check: handler failed for %s", path)
-            self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n", "text/plain", body)
+            with contextlib.suppress(OSError):
+                self._reply(
+                    HTTPStatus.INTERNAL_SERVER_ERROR, b"internal error\n", "text/plain", body
+                )
 
     def _reply(
         self,
@@ -272,6 +349,7 @@ class _Handler(BaseHTTPRequestHandler):
         body: bool,
         extra: Mapping[str, str] | None = None,
     ) -> None:
+        self.connection.settimeout(self.timeout)  # the reads' deadline is over
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))

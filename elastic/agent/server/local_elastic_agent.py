@@ -9,7 +9,8 @@ torch's log layout, tree kill, a reaper sidecar).  What it adds around the loop,
 set up once per :meth:`run_async` and torn down in its ``finally``:
 
 * **signals** — each signal named in ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (torchrun's
-  ``--signals-to-handle``; default ``SIGTERM,SIGINT,SIGHUP,SIGQUIT``) cancels the run;
+  ``--signals-to-handle``; default ``SIGTERM,SIGINT,SIGHUP,SIGQUIT``; ``SIGCHLD`` is
+  refused with a :class:`~elastic.errors.ConfigError`, unknown names skipped) cancels the run;
   the workers get the *same* signal, then SIGKILL after ``shutdown_timeout`` seconds,
   and :meth:`run_async` raises :class:`SignalException` — torchrun's semantics (the
   launcher exits 1).  Handlers go through the event loop (``add_signal_handler``), so
@@ -21,7 +22,9 @@ set up once per :meth:`run_async` and torn down in its ``finally``:
   ``TORCHELASTIC_TIMER_FILE`` and ``ELASTIC_PROGRESS_FILE`` when in use;
 * **file timers** — ``TORCHELASTIC_ENABLE_FILE_TIMER=1`` starts a
   :class:`~elastic.timer.FileTimerServer` on ``TORCHELASTIC_TIMER_FILE`` (generated if
-  unset).  It may signal only the pids of the running group (updated at every start).
+  unset; an existing file that is not a stale timer pipe of this user, or a path where
+  no pipe can be made, is refused in one line, exit 2, and never deleted).  It may
+  signal only the pids of the running group (updated at every start).
   A reaped worker is an ordinary worker failure: the group restarts if restarts
   remain.  Unlike torch, the agent never kills itself;
 * **hangs** — with ``hang_timeout``, each worker gets a progress pipe
@@ -31,8 +34,10 @@ set up once per :meth:`run_async` and torn down in its ``finally``:
 * **GPU health** — before every (re)start, :func:`elastic.gpu.check_node_health` when
   NVML is present and sees GPUs; an unhealthy GPU refuses the start.  Without NVML the
   CPU path runs and says so once;
-* **health endpoint** — ``TORCHELASTIC_HEALTH_CHECK_PORT`` serves ``/health`` and
-  ``/metrics`` (:mod:`elastic.agent.server.health_check_server`); ``/health`` is 503
+* **health endpoint** — ``TORCHELASTIC_HEALTH_CHECK_PORT`` (0..65535; a bad value or a
+  port in use is one logged line and the job runs without it) serves ``/health`` and
+  ``/metrics`` (:mod:`elastic.agent.server.health_check_server`, which bounds its
+  connections and request time); ``/health`` is 503
   once the last progress (:meth:`LocalElasticAgent.get_last_progress_time`) is older
   than 60 s, or ``ELASTIC_HEALTH_CHECK_TIMEOUT`` seconds.
 
@@ -45,13 +50,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from elastic.agent.server.api import (
@@ -62,7 +68,7 @@ from elastic.agent.server.api import (
     WorkerGroup,
     WorkerSpec,
 )
-from elastic.errors import ConfigError, ElasticError
+from elastic.errors import ConfigError
 from elastic.events import EventSink
 from elastic.ids import uuid4_str
 from elastic.multiprocessing.api import LogsSpecs
@@ -91,25 +97,15 @@ DEFAULT_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 #: The NVIDIA driver's control device: without it NVML cannot start.
 NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
 
-
-class SignalException(ElasticError):
-    """The agent received a termination signal (torch's name; ``sigval`` is the signal).
-
-    Raised by :meth:`LocalElasticAgent.run` after the workers were stopped with the
-    same signal; ``elastic run`` exits 1, as torchrun does.
-    """
-
-    def __init__(self, msg: str, sigval: signal.Signals) -> None:
-        super().__init__(msg, sigval)
-        self.msg = msg
-        self.sigval = sigval
-
-    def __str__(self) -> str:
-        return self.msg
+# torch defines it in elastic.multiprocessing.api; the agent raises it
+from elastic.multiprocessing.api import SignalException  # noqa: E402
 
 
 def parse_signals(names: str) -> list[signal.Signals]:
-    """``"SIGTERM,SIGINT"`` → signals; unknown names are logged and skipped (as torch)."""
+    """``"SIGTERM,SIGINT"`` → signals; unknown names are logged and skipped (as torch).
+
+    ``SIGCHLD`` is refused (:class:`ConfigError`): each worker exit sends it to the agent.
+    """
     out: list[signal.Signals] = []
     for raw in names.split(","):
         name = raw.strip()
@@ -123,6 +119,12 @@ def parse_signals(names: str) -> list[signal.Signals]:
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             logger.warning("Signal %s cannot be handled; ignoring it", name)
             continue
+        if sig == signal.SIGCHLD:
+            # every worker exit raises it: the agent would stop itself at the first one
+            raise ConfigError(
+                "--signals-to-handle",
+                "SIGCHLD cannot be a termination signal (every worker exit sends it); remove it",
+            )
         out.append(sig)
     return out
 
@@ -175,6 +177,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         gpu_check: bool = True,
         node: int | str | None = None,
         reaper: bool | ReaperSidecar = True,
+        preload: Sequence[str] = (),
     ) -> None:
         from elastic.real.workers import ProcessWorkers
 
@@ -227,6 +230,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._loop: asyncio.AbstractEventLoop | None = None
         if spec.numa_options:
             logger.warning("--numa-binding is not supported yet; workers are not bound")
+        self._preload = list(preload)
 
     # -- torch's API -------------------------------------------------------------------
     @property
@@ -312,11 +316,16 @@ class LocalElasticAgent(SimpleElasticAgent):
                 "the agent is not on the main thread: it cannot handle termination signals "
                 "(its workers still die with it)"
             )
+        failed = True  # until the run returns or stops by a signal: see _tear_down
         try:
             self._set_up()
-            return await super().run_async(role)
+            self._start_zygote()
+            result = await super().run_async(role)
+            failed = False
+            return result
         except asyncio.CancelledError:
             if received:
+                failed = False
                 sig = received[0]
                 raise SignalException(
                     f"Process {os.getpid()} got signal: {int(sig)}", sigval=sig
@@ -325,7 +334,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
-            await self._tear_down()
+            await self._tear_down(sweep=failed)
 
     def run(self, role: str = DEFAULT_ROLE) -> RunResult | None:
         """Run the agent to the end on a fresh event loop; raises SignalException."""
@@ -368,14 +377,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     def _start_health_check_server(self) -> None:
         port = os.environ.get(TORCHELASTIC_HEALTH_CHECK_PORT)
         if self._health_check_server is None and port is not None:
-            try:
-                port_number = int(port)
-            except ValueError:
-                logger.error(
-                    "%s: got %r; expected a port number. Not serving /health",
-                    TORCHELASTIC_HEALTH_CHECK_PORT,
-                    port,
-                )
+            port_number = health_port(port)
+            if port_number is None:
                 return
             try:
                 from elastic.agent.server import health_check_server as hcs
@@ -392,34 +395,84 @@ class LocalElasticAgent(SimpleElasticAgent):
             server.metrics_callback = self._health_metrics
             self._health_check_server = server
         if self._health_check_server is not None:
-            self._health_check_server.start()
+            try:
+                self._health_check_server.start()
+            except (OSError, OverflowError, ValueError) as e:
+                # the job runs without its health endpoint (as for a bad port value)
+                logger.error(
+                    "%s: cannot serve /health on port %s: %s. Not serving /health",
+                    TORCHELASTIC_HEALTH_CHECK_PORT,
+                    _shown(port),
+                    getattr(e, "strerror", None) or e,
+                )
+                self._health_check_server = None
+                return
             self._emit(
                 "agent.health_server",
                 port=getattr(self._health_check_server, "port", None),
             )
 
-    async def _tear_down(self) -> None:
-        # a stop cut short by a signal is finished here: no worker outlives the run
-        for group in self._groups:
-            with contextlib.suppress(Exception):
-                await group.stop(self._shutdown_timeout, self._death_sig)
-        self._groups.clear()
-        if self._health_check_server is not None:
-            with contextlib.suppress(Exception):
-                self._health_check_server.stop()
-        if self._timer_server is not None:
-            self._timer_server.stop()
-            self._timer_server = None
-        if self._progress_source is not None:
-            self._progress_source.stop()
-            self._progress_source = None
-        if self._private_dir is not None:
-            shutil.rmtree(self._private_dir, ignore_errors=True)
-            self._private_dir = None
-        await self._process_workers.aclose()
+    async def _tear_down(self, sweep: bool = False) -> None:
+        """Stop what the run set up; ``sweep``: the agent is failing (an exception of
+        its own), so the reaper sidecar also kills every marked process before it goes
+        (issue 15: a crashing agent used to tell it to quit without a sweep)."""
+        try:
+            # a stop cut short by a signal is finished here: no worker outlives the run
+            for group in self._groups:
+                try:
+                    await group.stop(self._shutdown_timeout, self._death_sig)
+                except Exception as e:  # logged; the sweep below covers it
+                    logger.error("stopping the workers failed: %s", e)
+                    sweep = True
+            self._groups.clear()
+            if self._health_check_server is not None:
+                with contextlib.suppress(Exception):
+                    self._health_check_server.stop()
+            if self._timer_server is not None:
+                with contextlib.suppress(Exception):
+                    self._timer_server.stop()
+                self._timer_server = None
+            if self._progress_source is not None:
+                with contextlib.suppress(Exception):
+                    self._progress_source.stop()
+                self._progress_source = None
+            if self._private_dir is not None:
+                shutil.rmtree(self._private_dir, ignore_errors=True)
+                self._private_dir = None
+            if self._process_workers.zygote is not None:
+                self._process_workers.zygote.close()
+        finally:
+            await self._process_workers.aclose(sweep=sweep)
+
+    def _start_zygote(self) -> None:
+        """``--preload``: start the zygote now, so that its imports overlap the rendezvous."""
+        if not self._preload or self._process_workers.zygote is not None:
+            return
+        spec = self._worker_group.spec
+        if not isinstance(spec.entrypoint, str):
+            logger.warning("--preload: ignored for a function entrypoint")
+            return
+        from elastic.real.zygote import Zygote
+
+        env = {**os.environ, **self._extra_env}
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
+        )
+        zygote = Zygote(self._preload, spec.entrypoint, [str(a) for a in spec.args], env)
+        self._process_workers.zygote = zygote
+        zygote.start()
 
     # -- hooks of the loop ---------------------------------------------------------------
+    def _emit(self, kind: str, rank: int | None = None, **fields: Any) -> None:
+        super()._emit(kind, rank, **fields)
+        _log_event(self._worker_group.spec, kind, rank, fields)
+
     async def _start_workers(self, wg: WorkerGroup) -> None:
+        zygote = self._process_workers.zygote
+        if zygote is not None:
+            # it started with the run: a cold worker would import the same modules,
+            # later and once per worker
+            await zygote.ready()
         if self._progress_monitor is not None:
             self._progress_monitor.reset(range(wg.spec.local_world_size))
         await super()._start_workers(wg)
@@ -514,11 +567,91 @@ class LocalElasticAgent(SimpleElasticAgent):
             pass  # the loop closed meanwhile: the run is over
 
 
+def _log_event(spec: WorkerSpec, kind: str, rank: int | None, fields: dict[str, Any]) -> None:
+    """What torchrun logs of a failure, a restart and a new round, in its words and levels.
+
+    Real mode only: the simulator's agents do not log (a simulation has thousands of
+    failures; its report and event log say what happened).
+    """
+    role = spec.role
+    if kind == "torchelastic.worker.status.FAILED":
+        code = int(fields.get("exit_code", 0))
+        how = ""
+        if code < 0:
+            try:
+                how = f", signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f", signal {-code}"
+        logger.error(
+            "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s (rank %s%s, %s)",
+            code,
+            fields.get("local_rank"),
+            fields.get("worker_pid"),
+            spec.get_entrypoint_name(),
+            rank,
+            how,
+            fields.get("cause", "exited"),
+        )
+    elif kind == "agent.restart":
+        reason = fields.get("reason")
+        if reason == "membership":
+            logger.info(
+                "[%s] Detected a membership change (%s); will restart worker group",
+                role,
+                fields.get("detail") or "membership",
+            )
+        else:
+            # torch logs the budget before spending one restart; the event has it after
+            logger.info(
+                "[%s] Worker group %s. %s/%s attempts left; will restart worker group",
+                role,
+                "UNHEALTHY" if reason == "unhealthy" else "FAILED",
+                int(fields.get("remaining_restarts", 0)) + 1,
+                spec.max_restarts,
+            )
+    elif kind == "agent.group_started":
+        logger.info(
+            "[%s] Rendezvous complete for workers. Result: restart_count=%s group_rank=%s "
+            "group_world_size=%s world_size=%s attempt=%s",
+            role,
+            fields.get("restart_count"),
+            fields.get("group_rank"),
+            fields.get("group_world_size"),
+            fields.get("world_size"),
+            fields.get("attempt"),
+        )
+
+
 def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
     try:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+def _shown(raw: str | None) -> str:
+    """``raw`` for a log line: repr, at most 60 characters (an environment value may be
+    megabytes long)."""
+    text = repr(raw)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def health_port(raw: str) -> int | None:
+    """``TORCHELASTIC_HEALTH_CHECK_PORT`` as a port number 0..65535, or None (one line is
+    logged, naming the variable, the value and what was expected: the job then runs
+    without /health, as torch does for a bad value).  Accepts at most 100 characters."""
+    try:
+        number = int(raw) if len(raw) <= 100 else -1
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        logger.error(
+            "%s: got %s; expected a port number 0..65535. Not serving /health",
+            TORCHELASTIC_HEALTH_CHECK_PORT,
+            _shown(raw),
+        )
+        return None
+    return number
 
 
 def _health_timeout() -> float | None:
@@ -529,13 +662,14 @@ def _health_timeout() -> float | None:
     """
     raw = os.environ.get("ELASTIC_HEALTH_CHECK_TIMEOUT", "60")
     try:
-        value = float(raw)
+        value = float(raw) if len(raw) <= 100 else -1.0
     except ValueError:
         value = -1.0
-    if not value > 0:
+    if not 0 < value < math.inf:
         logger.error(
-            "ELASTIC_HEALTH_CHECK_TIMEOUT: got %r; expected seconds > 0. Not serving /health",
-            raw,
+            "ELASTIC_HEALTH_CHECK_TIMEOUT: got %s; expected seconds > 0 (finite). "
+            "Not serving /health",
+            _shown(raw),
         )
         return None
     return value

@@ -32,11 +32,21 @@ Differences from torch, all on the side of never losing the report:
   a cause the layout is torch's, line for line;
 * the time used when there is no error file can be given (``fallback_timestamp``), so a
   simulated run's report does not depend on the host's clock.
+
+Limits on an error file (it is written by the worker, so it is untrusted input): at most
+``MAX_ERROR_FILE_BYTES`` (1 MiB; larger is not read), UTF-8 JSON nested at most as deep
+as Python's recursion limit allows (deeper: refused), an object with a ``"message"``
+string or object; a ``timestamp`` (integer, or a string of at most 4,300 digits) outside
+``[0, MAX_TIMESTAMP]`` (0 to the end of year 9999) is ignored and the exit time used.
+Control characters in what the report shows (ANSI escapes, carriage returns, NULs; all
+of C0 and C1 but newline and tab) are written as ``\\xNN`` escapes, so an error file
+cannot drive the operator's terminal.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import socket
 import time
@@ -76,18 +86,34 @@ def _empty_error_data() -> JSON:
     return {"message": "<NONE>"}
 
 
+#: The latest timestamp an error file may give: 9999-12-31T00:00:00Z (``datetime``'s
+#: last year, a day early so that every time zone can show it).
+MAX_TIMESTAMP = 253402214400
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters but newline and tab escaped as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def _as_timestamp(value: object) -> int | None:
-    """An integer timestamp from the file's ``"timestamp"`` (int or digit string)."""
+    """An integer timestamp from the file's ``"timestamp"`` (int or digit string), or
+    None when absent, malformed or outside ``[0, MAX_TIMESTAMP]``."""
     if isinstance(value, bool):
         return None
+    stamp: int | None = None
     if isinstance(value, int):
-        return value
-    if isinstance(value, str):
+        stamp = value
+    elif isinstance(value, str) and len(value) <= 4300:
         try:
-            return int(value.strip())
+            stamp = int(value.strip())
         except ValueError:
             return None
-    return None
+    if stamp is None or not 0 <= stamp <= MAX_TIMESTAMP:
+        return None
+    return stamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +204,12 @@ class ProcessFailure:
         return _NOT_AVAILABLE
 
     def timestamp_isoformat(self) -> str:
-        """The timestamp as local time, ``YYYY-MM-DD_HH:MM:SS``."""
-        return datetime.fromtimestamp(self.timestamp).isoformat(sep="_")
+        """The timestamp as local time, ``YYYY-MM-DD_HH:MM:SS`` (the number itself where
+        the platform cannot show it as a date)."""
+        try:
+            return datetime.fromtimestamp(self.timestamp).isoformat(sep="_")
+        except (OverflowError, OSError, ValueError):
+            return str(self.timestamp)
 
     def traceback_text(self) -> str:
         """What the report shows as the traceback: the call stack, else the message."""
@@ -245,7 +275,7 @@ class ChildFailedError(ElasticError):
 
     def format_msg(self, boarder_delim: str = "=", section_delim: str = "-") -> str:
         """torch's report: other failures first, then the root cause; width ≤ 60."""
-        title = f"{self.name} FAILED"
+        title = printable(f"{self.name} FAILED")
         root_rank, _ = self.get_first_failure()
         hostname = self.hostname if self.hostname is not None else socket.getfqdn()
         root_failure_fmt = ""
@@ -290,8 +320,8 @@ class ChildFailedError(ElasticError):
             pid=failure.pid,
             signal_name=signal_name_str,
             cause=cause,
-            error_file=failure.error_file,
-            message=failure.traceback_text().replace("\n", "\n  "),
+            error_file=printable(failure.error_file),
+            message=printable(failure.traceback_text()).replace("\n", "\n  "),
         )
         width = max(len(line) for line in fmt.split("\n"))
         return fmt, width

@@ -1,0 +1,103 @@
+"""The real ports a rendezvous handler needs when torch's API builds one by itself.
+
+torch's ``get_rendezvous_handler(params)`` and ``DynamicRendezvousHandler.from_backend``
+take no ports; in real mode this module supplies them: one process-wide
+:class:`~elastic.real.loop_thread.LoopThread` (its ``run`` is every such handler's
+``sync_runner``, so torch's blocking calls work from any thread), an
+:class:`~elastic.real.clock.AsyncioClock`, and the store.
+
+Stores: a one-node job (``max_nodes == 1``, ``c10d`` or ``static``, an endpoint on
+this host) is served by one in-process :class:`~elastic.memstore.MemoryStore` per
+(backend, endpoint), shared by every handler of this process.  Anything else gets the
+store ``elastic run`` would open (:func:`elastic.real.rdzv_store.open_rendezvous_store`:
+the agent-hosted network store for ``c10d``/``static``, hosted by this process when the
+endpoint names this machine and its port is free; etcd for ``etcd``/``etcd-v2``), opened
+on the shared loop once per (backend, endpoint) and kept for the life of the process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+
+from elastic.errors import StoreError
+from elastic.memstore import MemoryStore
+from elastic.real.clock import AsyncioClock
+from elastic.real.loop_thread import LoopThread
+from elastic.real.rdzv_store import matches_this_machine
+from elastic.rendezvous.api import (
+    RendezvousConnectionError,
+    RendezvousContext,
+    RendezvousParameters,
+)
+from elastic.rendezvous.utils import parse_rendezvous_endpoint
+from elastic.store import Store
+
+__all__ = ["default_context", "node_id", "shared_loop"]
+
+_DEFAULT_PORTS = {"etcd": 2379, "etcd-v2": 2379}
+_lock = threading.Lock()
+_loop: LoopThread | None = None
+_stores: dict[tuple[str, str, int], Store] = {}
+_local_ids = itertools.count()
+
+
+def shared_loop() -> LoopThread:
+    """The process-wide loop thread of torch-style handlers (started on first use)."""
+    global _loop
+    with _lock:
+        if _loop is None or _loop._closed:
+            _loop = LoopThread(name="elastic-rdzv")
+        return _loop
+
+
+def node_id(addr: str) -> str:
+    """A node id unique in the job: torch's ``addr_pid_localid``."""
+    return f"{addr}_{os.getpid()}_{next(_local_ids)}"
+
+
+def default_context(params: RendezvousParameters) -> RendezvousContext:
+    """Clock, store, node identity and sync runner for ``params``, in real mode."""
+    from elastic.launcher.api import fqdn, free_port
+
+    host, port = parse_rendezvous_endpoint(
+        params.endpoint, default_port=_DEFAULT_PORTS.get(params.backend, 29400)
+    )
+    loop = shared_loop()
+    clock = AsyncioClock()
+    in_process = (
+        params.max_nodes <= 1
+        and params.backend in ("c10d", "static")
+        and (host in ("", "0.0.0.0") or matches_this_machine(host))
+    )
+    with _lock:
+        key = (params.backend, host, port)
+        store = _stores.get(key)
+        if store is None and in_process:
+            store = _stores[key] = MemoryStore(clock)
+    if store is None:
+        from elastic.real.rdzv_store import open_rendezvous_store
+
+        try:
+            opened = loop.run(
+                open_rendezvous_store(
+                    params.backend, params.endpoint, params.max_nodes, params.config, clock
+                )
+            )
+        except (OSError, TimeoutError, StoreError) as e:
+            raise RendezvousConnectionError(
+                f"The rendezvous store at '{params.endpoint}' ({params.backend}) cannot be "
+                f"reached: {e}"
+            ) from None
+        with _lock:
+            store = _stores.setdefault(key, opened.store)
+    addr = params.local_addr or fqdn()
+    return RendezvousContext(
+        store=store,
+        clock=clock,
+        node_addr=addr,
+        node_id=node_id(addr),
+        port_chooser=free_port,
+        sync_runner=loop.run,
+    )

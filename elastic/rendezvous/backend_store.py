@@ -1,0 +1,457 @@
+"""torch's ``RendezvousBackend``, and the store port built over any such backend.
+
+A backend (torch's contract) holds one opaque blob: ``get_state() -> (bytes, token) |
+None`` and ``set_state(state, token) -> (bytes, token, ok) | None``, a compare-and-set
+fenced by the token.  A user's own backend (Redis, a Kubernetes ConfigMap, a database
+row) implements those two methods and nothing else.
+
+:class:`BackendStore` turns such a backend into the store port, so that
+``DynamicRendezvousHandler.from_backend`` runs the very same rendezvous code as the
+store-port handler (same decisions, same ranks) over a backend.
+
+Theory of operation
+-------------------
+* The blob is JSON (never pickle): ``{"version": 1, "rev": r, "kv": {key: [value
+  (base64), mod_rev, lease_id]}, "tomb": {key: rev}, "floor": f, "leases": {id: [ttl,
+  expires]}, "next_lease": n}``.  Every mutation is one ``set_state`` with the token of the
+  state it was computed from; a lost race re-reads and recomputes (optimistic
+  concurrency, as torch's backend-driven handler does).
+* A backend has no watch and no lease.  Watches poll the blob every ``poll_interval``
+  (torch's handler polls too, once a second).  A lease holds its expiry time, which
+  its owner pushes to ``now + ttl`` every ``ttl / 3``; any node that reads the blob
+  after that time deletes the lease and its keys.  Times are the clock port's
+  ``now()``, compared across nodes — as torch compares its nodes' heartbeat times — so
+  in real mode :meth:`DynamicRendezvousHandler.from_backend` runs on wall time
+  (:class:`~elastic.timer.wallclock.WallClock`) and the hosts' clocks must agree to
+  well within the time-to-live (NTP).
+* Deletions leave a tombstone (the last 1,024) so a watch sees them; a watch older than
+  the oldest tombstone (``floor``) returns at once (a spurious wake-up is allowed by the
+  port, a missed one is not).
+
+Costs: each operation reads the whole blob (one ``get_state``), each mutation writes it
+(one ``set_state``): O(N) bytes for N nodes, as torch's.  This is why ``elastic run``
+uses the store-port handler over a real store (watches and leases, no polling) and
+keeps this one for torch's documented ``from_backend`` path.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from elastic.clock import Cancelled, Clock, Task
+from elastic.errors import StoreError
+from elastic.rendezvous.api import RendezvousStateError, SyncRunner
+from elastic.store import Lease
+
+__all__ = ["BackendStore", "RendezvousBackend", "Token"]
+
+Token = Any
+T = TypeVar("T")
+
+#: A rendezvous blob bigger than this is not ours (torch has no limit; we read it whole).
+MAX_STATE_BYTES = 4 * 1024 * 1024
+_TOMBS = 1024
+_VERSION = 1
+
+
+class RendezvousBackend(ABC):
+    """Represent a backend that holds the rendezvous state (torch's contract).
+
+    Implement ``name`` and either torch's blocking ``get_state``/``set_state`` (a user's
+    backend) or their ``*_async`` twins (backends over the store port).  The blocking
+    methods of an asynchronous backend need ``sync_runner`` (real mode); the
+    asynchronous methods of a blocking backend call it directly.
+    """
+
+    sync_runner: SyncRunner | None = None
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """Get the name of the backend."""
+
+    def get_state(self) -> tuple[bytes, Token] | None:
+        """Get the rendezvous state: ``(state, fencing token)``, or ``None`` if none."""
+        if type(self).get_state_async is RendezvousBackend.get_state_async:
+            raise NotImplementedError(
+                f"{type(self).__name__} implements neither get_state() nor get_state_async()"
+            )
+        result: tuple[bytes, Token] | None = self._run(self.get_state_async())
+        return result
+
+    def set_state(
+        self, state: bytes, token: Token | None = None
+    ) -> tuple[bytes, Token, bool] | None:
+        """Set the state iff ``token`` is current (``None``: iff there is no state).
+
+        Returns the state now held, its token, and whether ours was written.
+        """
+        if type(self).set_state_async is RendezvousBackend.set_state_async:
+            raise NotImplementedError(
+                f"{type(self).__name__} implements neither set_state() nor set_state_async()"
+            )
+        result: tuple[bytes, Token, bool] | None = self._run(self.set_state_async(state, token))
+        return result
+
+    async def get_state_async(self) -> tuple[bytes, Token] | None:
+        """:meth:`get_state` for the event loop (a blocking backend is called directly)."""
+        return self.get_state()
+
+    async def set_state_async(
+        self, state: bytes, token: Token | None = None
+    ) -> tuple[bytes, Token, bool] | None:
+        """:meth:`set_state` for the event loop (a blocking backend is called directly)."""
+        return self.set_state(state, token)
+
+    def _run(self, coro: Any) -> Any:
+        if self.sync_runner is None:
+            coro.close()
+            raise RuntimeError(
+                f"{type(self).__name__}: the blocking backend API needs a sync_runner (real "
+                "mode); on the event loop await get_state_async()/set_state_async()"
+            )
+        return self.sync_runner(coro)
+
+
+class _State:
+    """The decoded blob (mutable copy while a mutation is computed)."""
+
+    __slots__ = ("dirty", "floor", "kv", "leases", "next_lease", "rev", "tomb")
+
+    def __init__(
+        self,
+        rev: int = 0,
+        kv: dict[str, tuple[bytes, int, int]] | None = None,
+        tomb: dict[str, int] | None = None,
+        floor: int = 0,
+        leases: dict[int, tuple[float, float]] | None = None,
+        next_lease: int = 1,
+    ) -> None:
+        self.rev = rev
+        self.kv = kv if kv is not None else {}
+        self.tomb = tomb if tomb is not None else {}
+        self.floor = floor
+        self.leases = leases if leases is not None else {}
+        self.next_lease = next_lease
+        self.dirty = False  # set by every edit: an unedited state is not written
+
+    def copy(self) -> _State:
+        return _State(
+            self.rev, dict(self.kv), dict(self.tomb), self.floor, dict(self.leases), self.next_lease
+        )
+
+    def put(self, key: str, value: bytes, lease: int = 0) -> None:
+        self.kv[key] = (value, self.rev, lease)
+        self.tomb.pop(key, None)
+        self.dirty = True
+
+    def drop(self, key: str) -> None:
+        if self.kv.pop(key, None) is not None:
+            self.dirty = True
+            self.tomb[key] = self.rev
+            if len(self.tomb) > _TOMBS:
+                oldest = min(self.tomb, key=self.tomb.__getitem__)
+                self.floor = max(self.floor, self.tomb.pop(oldest))
+
+    def expire(self, lease: int) -> None:
+        if self.leases.pop(lease, None) is not None:
+            self.dirty = True
+        for key in [k for k, (_, _, lid) in self.kv.items() if lid == lease]:
+            self.drop(key)
+
+    def encode(self) -> bytes:
+        obj = {
+            "version": _VERSION,
+            "rev": self.rev,
+            "kv": {
+                k: [base64.b64encode(v).decode(), mod, lid] for k, (v, mod, lid) in self.kv.items()
+            },
+            "tomb": self.tomb,
+            "floor": self.floor,
+            "leases": {str(i): [ttl, exp] for i, (ttl, exp) in self.leases.items()},
+            "next_lease": self.next_lease,
+        }
+        return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+    @staticmethod
+    def decode(raw: bytes, where: str) -> _State:
+        def bad(why: str) -> RendezvousStateError:
+            return RendezvousStateError(
+                f"The rendezvous state in the {where} backend is corrupt: {why}. Another "
+                "program may be using this run id; use another run id or delete the state."
+            )
+
+        if len(raw) > MAX_STATE_BYTES:
+            raise bad(f"{len(raw)} bytes exceeds the {MAX_STATE_BYTES}-byte limit")
+        try:
+            obj = json.loads(raw)
+        except (UnicodeDecodeError, ValueError):
+            raise bad(f"not JSON ({bytes(raw[:40])!r})") from None
+        if not isinstance(obj, dict) or obj.get("version") != _VERSION:
+            raise bad(f"expected a JSON object with version {_VERSION}")
+        try:
+            kv = {
+                str(k): (base64.b64decode(v, validate=True), int(mod), int(lid))
+                for k, (v, mod, lid) in obj["kv"].items()
+            }
+            leases = {int(i): (float(ttl), float(exp)) for i, (ttl, exp) in obj["leases"].items()}
+            return _State(
+                int(obj["rev"]),
+                kv,
+                {str(k): int(r) for k, r in obj["tomb"].items()},
+                int(obj["floor"]),
+                leases,
+                int(obj["next_lease"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as e:
+            raise bad(f"{type(e).__name__}: {e}") from None
+
+
+class _BackendLease(Lease):
+    """A lease held in the blob: its owner pushes its expiry every ``ttl / 3``."""
+
+    def __init__(self, store: BackendStore, lease_id: int, ttl: float) -> None:
+        self.id = lease_id
+        self.ttl = ttl
+        self._store = store
+        self._lost = False
+        self._renewer: Task[None] | None = store._clock.spawn(
+            self._renew(), name=f"lease-{lease_id}-renewal"
+        )
+
+    def alive(self) -> bool:
+        return not self._lost
+
+    def abandon(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            self._renewer = None
+
+    async def revoke(self) -> None:
+        self.abandon()
+        self._lost = True
+        await self._store._mutate(lambda st: st.expire(self.id))
+
+    async def _renew(self) -> None:
+        lid = self.id
+
+        def beat(st: _State) -> bool:
+            if lid not in st.leases:
+                return False
+            ttl, _ = st.leases[lid]
+            st.leases[lid] = (ttl, self._store._clock.now() + ttl)
+            st.dirty = True
+            return True
+
+        try:
+            while True:
+                await self._store._clock.sleep(self.ttl / 3)
+                if not await self._store._mutate(beat):
+                    self._lost = True  # expired by the others: the owner must re-join
+                    return
+        except Cancelled:
+            raise
+
+
+class BackendStore:
+    """The store port over a :class:`RendezvousBackend` (see the module docstring)."""
+
+    def __init__(
+        self, backend: RendezvousBackend, clock: Clock, *, poll_interval: float = 1.0
+    ) -> None:
+        if poll_interval <= 0:
+            raise ValueError(f"The poll interval ({poll_interval}) must be positive.")
+        self._backend = backend
+        self._clock = clock
+        self._poll = poll_interval
+        self._mine: dict[int, _BackendLease] = {}
+
+    @property
+    def backend(self) -> RendezvousBackend:
+        return self._backend
+
+    # -- the blob ----------------------------------------------------------------------
+    def _decode(self, got: tuple[bytes, Token] | None) -> tuple[_State, Token | None]:
+        if got is None:
+            return _State(), None
+        raw, token = got
+        return _State.decode(bytes(raw), self._backend.name), token
+
+    def _dead_leases(self, st: _State) -> list[int]:
+        now = self._clock.now()
+        return [lid for lid, (_, exp) in st.leases.items() if exp <= now and not self._holds(lid)]
+
+    def _holds(self, lid: int) -> bool:
+        lease = self._mine.get(lid)
+        return lease is not None and lease._renewer is not None
+
+    async def _mutate(self, change: Callable[[_State], T]) -> T:
+        """Apply ``change`` (and expire dead leases) with one fenced write; retry on a race.
+
+        ``change`` edits the state in place and returns its result; a state it left
+        unedited (and with no dead lease) is not written.
+        """
+        result, _ = await self._apply(change)
+        return result
+
+    async def _apply(self, change: Callable[[_State], T]) -> tuple[T, _State]:
+        got = await self._backend.get_state_async()
+        while True:
+            st, token = self._decode(got)
+            new = st.copy()
+            new.rev += 1
+            for lid in self._dead_leases(st):
+                new.expire(lid)
+            result = change(new)
+            if not new.dirty:
+                return result, st
+            written = await self._backend.set_state_async(new.encode(), token)
+            if written is None:
+                got = await self._backend.get_state_async()
+                continue
+            raw, new_token, ok = written
+            if ok:
+                return result, new
+            if token is not None and new_token == token:
+                raise StoreError(
+                    f"the {self._backend.name} backend refused a write fenced by its current "
+                    "token; its set_state() does not keep torch's contract"
+                )
+            got = (raw, new_token)
+
+    async def _read(self) -> _State:
+        _, st = await self._apply(lambda st: None)
+        return st
+
+    async def _until(
+        self, ready: Callable[[_State], T | None], timeout: float | None, what: str
+    ) -> T:
+        deadline = None if timeout is None else self._clock.now() + timeout
+        while True:
+            value = ready(await self._read())
+            if value is not None:
+                return value
+            left = None if deadline is None else deadline - self._clock.now()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"{what} within {timeout}s")
+            await self._clock.sleep(self._poll if left is None else min(self._poll, left))
+
+    # -- the port ----------------------------------------------------------------------
+    async def set(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
+        lid = self._own(lease)
+
+        def put(st: _State) -> None:
+            if lid and lid not in st.leases:
+                raise StoreError(f"set({key!r}): lease {lid} has expired")
+            st.put(key, bytes(value), lid)
+
+        await self._mutate(put)
+
+    def _own(self, lease: Lease | None) -> int:
+        if lease is None:
+            return 0
+        if not isinstance(lease, _BackendLease) or lease._store is not self:
+            raise StoreError("that lease was granted by another store")
+        return lease.id
+
+    async def get(self, key: str, timeout: float | None = None) -> bytes:
+        def ready(st: _State) -> bytes | None:
+            item = st.kv.get(key)
+            return None if item is None else item[0]
+
+        return await self._until(ready, timeout, f"the key {key!r} was not set")
+
+    async def try_get(self, key: str) -> bytes | None:
+        item = (await self._read()).kv.get(key)
+        return None if item is None else item[0]
+
+    async def add(self, key: str, amount: int) -> int:
+        def add(st: _State) -> int:
+            item = st.kv.get(key)
+            try:
+                base = int(item[0]) if item is not None else 0
+            except ValueError:
+                raise StoreError(f"add({key!r}): the value is not an integer") from None
+            st.put(key, str(base + amount).encode())
+            return base + amount
+
+        return await self._mutate(add)
+
+    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+        def cas(st: _State) -> bytes:
+            item = st.kv.get(key)
+            current = None if item is None else item[0]
+            if current == expected:
+                st.put(key, bytes(desired))
+                return bytes(desired)
+            return current if current is not None else b""
+
+        return await self._mutate(cas)
+
+    async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
+        await self._until(
+            lambda st: True if all(k in st.kv for k in keys) else None,
+            timeout,
+            f"the keys {list(keys)} were not all set",
+        )
+
+    async def delete(self, key: str) -> bool:
+        def drop(st: _State) -> bool:
+            existed = key in st.kv
+            st.drop(key)
+            return existed
+
+        return await self._mutate(drop)
+
+    async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
+        return await self._until(
+            lambda st: [st.kv[k][0] for k in keys] if all(k in st.kv for k in keys) else None,
+            timeout,
+            f"the keys {list(keys)} were not all set",
+        )
+
+    async def multi_set(self, items: Mapping[str, bytes]) -> None:
+        def put(st: _State) -> None:
+            for k, v in items.items():
+                st.put(k, bytes(v))
+
+        await self._mutate(put)
+
+    async def grant_lease(self, ttl: float) -> Lease:
+        if ttl <= 0:
+            raise ValueError(f"The lease time-to-live ({ttl}) must be positive.")
+
+        def grant(st: _State) -> int:
+            lid = st.next_lease
+            st.next_lease += 1
+            st.leases[lid] = (float(ttl), self._clock.now() + ttl)
+            st.dirty = True
+            return lid
+
+        lid = await self._mutate(grant)
+        lease = _BackendLease(self, lid, ttl)
+        self._mine[lid] = lease
+        return lease
+
+    async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
+        st = await self._read()
+        return st.rev, {k: v for k, (v, _, _) in st.kv.items() if k.startswith(prefix)}
+
+    async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
+        def changed(st: _State) -> int | None:
+            if after < st.floor:
+                return st.rev
+            for k, (_, mod, _) in st.kv.items():
+                if mod > after and k.startswith(prefix):
+                    return st.rev
+            for k, rev in st.tomb.items():
+                if rev > after and k.startswith(prefix):
+                    return st.rev
+            return None
+
+        return await self._until(changed, timeout, f"nothing under {prefix!r} changed")

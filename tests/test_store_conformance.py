@@ -1,0 +1,152 @@
+"""Every implementation of the Store port passes the shipped conformance suite.
+
+:mod:`elastic.testing.store` holds the checks; this module runs each of them against
+each store: the in-memory store on asyncio and on simpy, the simulator's per-node client
+(through its store host), and the network client against a real server on loopback,
+with and without a token.  A new store implementation adds a harness here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from elastic.clock import Clock
+from elastic.memstore import MemoryStore
+from elastic.real.clock import AsyncioClock
+from elastic.real.netstore import NetStoreClient, StoreServer
+from elastic.store import Store
+from elastic.testing.store import ALL_CHECKS, Check, StoreHarness, check_store
+from sim.clock import SimClock
+from sim.store import SimStoreHost
+from tests.worlds import run_in
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class MemoryHarness:
+    """One MemoryStore shared by every 'client' (in either world)."""
+
+    slack: float
+
+    def __init__(self, clock: Clock, exact: bool) -> None:
+        self.store = MemoryStore(clock)
+        self.unit = 0.05
+        self.slack = 0.0 if exact else 0.05
+
+    async def open(self) -> Store:
+        return self.store
+
+    async def close(self, store: Store) -> None:
+        assert store is self.store
+        self.store.close()
+
+    async def teardown(self) -> None:
+        self.store.close()
+
+
+class SimClientHarness:
+    """The simulator's store host; each open() is another node's client."""
+
+    def __init__(self, clock: SimClock) -> None:
+        self.host = SimStoreHost(clock)
+        self.unit = 0.05
+        self.slack = 0.0
+        self._n = 0
+
+    async def open(self) -> Store:
+        self._n += 1
+        return self.host.client(f"n{self._n}")
+
+    async def close(self, store: Store) -> None:
+        self.host.store.close()  # a simulated client has no connection of its own to close
+
+    async def teardown(self) -> None:
+        self.host.store.close()
+
+
+class NetHarness:
+    """A StoreServer on loopback; each open() is a new NetStoreClient connection."""
+
+    def __init__(self, clock: AsyncioClock, token: str | None) -> None:
+        self.clock = clock
+        self.token = token
+        self.server = StoreServer("127.0.0.1", 0, token=token)
+        self.clients: list[NetStoreClient] = []
+        # loopback round trips are sub-millisecond, but this machine is shared: wider
+        # units and slack than in memory keep the timing checks honest and not flaky
+        self.unit = 0.2
+        self.slack = 0.25
+
+    async def start(self) -> NetHarness:
+        await self.server.start()
+        return self
+
+    async def open(self) -> Store:
+        c = await NetStoreClient.connect(
+            "127.0.0.1", self.server.port, token=self.token, clock=self.clock, read_timeout=10
+        )
+        self.clients.append(c)
+        return c
+
+    async def close(self, store: Store) -> None:
+        assert isinstance(store, NetStoreClient)
+        await store.aclose()
+
+    async def teardown(self) -> None:
+        for c in self.clients:
+            await c.aclose()
+        await self.server.aclose()
+
+
+BACKENDS = ("memory-real", "memory-sim", "simclient-sim", "net", "net-token")
+
+
+async def _harness(backend: str, clock: Clock) -> StoreHarness:
+    if backend == "memory-real":
+        return MemoryHarness(clock, exact=False)
+    if backend == "memory-sim":
+        return MemoryHarness(clock, exact=True)
+    if backend == "simclient-sim":
+        assert isinstance(clock, SimClock)
+        return SimClientHarness(clock)
+    assert isinstance(clock, AsyncioClock)
+    return await NetHarness(clock, "s3cret" if backend == "net-token" else None).start()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("check", ALL_CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+def test_store_conforms(backend: str, check: Check) -> None:
+    world = "sim" if backend.endswith("-sim") else "real"
+
+    async def body(clock: Clock) -> None:
+        async def make() -> StoreHarness:
+            return await _harness(backend, clock)
+
+        await check_store(clock, make, (check,))
+
+    run_in(world, body)
+
+
+def test_check_store_names_the_failing_check() -> None:
+    class Forgetful(MemoryHarness):
+        async def open(self) -> Store:
+            store = self.store
+
+            class Lossy:  # drops every write
+                def __getattr__(self, name: str) -> object:
+                    return getattr(store, name)
+
+                async def set(self, key: str, value: bytes, *, lease: object = None) -> None:
+                    return None
+
+            return Lossy()  # type: ignore[return-value]
+
+    async def body(clock: Clock) -> None:
+        async def make() -> StoreHarness:
+            return Forgetful(clock, exact=True)
+
+        first = "check_get_blocks_until_another_client_sets_the_key: TimeoutError"
+        with pytest.raises(AssertionError, match=first):
+            await check_store(clock, make)
+
+    run_in("sim", body)
