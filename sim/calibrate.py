@@ -203,6 +203,7 @@ def assign_round_trips(sc: Scenario) -> float:
 
 
 def main(argv: Sequence[str]) -> int:
+    """Measure this machine's latencies and write a calibration file for the simulator."""
     p = argparse.ArgumentParser(
         prog="elastic calibrate",
         description="Measure this machine's latencies (real processes) and write a "

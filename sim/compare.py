@@ -188,6 +188,7 @@ def compare(
 
 
 def main(argv: Sequence[str]) -> int:
+    """Run a scenario in both worlds and print, per fault, the recovery time in each."""
     p = argparse.ArgumentParser(
         prog="elastic compare",
         description="Run a scenario in the simulator and on real processes with the same "

@@ -603,6 +603,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
+    """Run a scenario's cluster on real processes: one agent per node, faults for real."""
     from sim.cli import _human, _log_bytes
     from sim.expect import check
     from sim.scenario import load_scenario
