@@ -89,8 +89,17 @@ class _Lease(Lease):
         deadline moved (a network store's server renews this way; the simulator never
         calls it, so it costs the simulation nothing).
         """
-        if self.state == "abandoned":
-            self.expires_at = self._store._clock.now() + self.ttl
+        if self.state != "abandoned":
+            return
+        store = self._store
+        now = store._clock.now()
+        deadline = max(self.expires_at or 0.0, store._expiry_resumed_at + self.ttl)
+        if store._expiry_paused is None and now >= deadline:
+            # too late: the lease died at its deadline, its timer just has not run yet
+            # (a store host that was stopped sees the renewal and the timer at once)
+            store._expire(self)
+            return
+        self.expires_at = now + self.ttl
 
     async def _expire_later(self, gen: int) -> None:
         store = self._store
