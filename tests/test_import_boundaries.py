@@ -77,6 +77,33 @@ KNOWN_EDGES: dict[tuple[str, str], str] = {
         "debt: torch's expires() runs in the worker process and reads the wall clock there; "
         "timer.driver imports timer.api for its request types only"
     ),
+    # torch's port-less API (get_rendezvous_handler(params), from_backend(...) without a
+    # clock, RendezvousStoreInfo.build without an address, rdzv events' hostname): real
+    # mode by definition, so it builds real mode's ports, inside those calls only; the
+    # agent and the simulator always pass ports and never reach these imports
+    ("elastic/rendezvous/registry.py", "elastic/real/rdzv_context.py"): (
+        "get_rendezvous_handler(params) with no ports builds real mode's (inside the call)"
+    ),
+    ("elastic/rendezvous/etcd_rendezvous.py", "elastic/real/rdzv_context.py"): (
+        "torch's create_rdzv_handler(params) with no ports builds real mode's (inside the call)"
+    ),
+    ("elastic/rendezvous/api.py", "elastic/launcher/api.py"): (
+        "torch's RendezvousStoreInfo.build with no address: this host's FQDN and a free port"
+    ),
+    ("elastic/rendezvous/dynamic_rendezvous.py", "elastic/launcher/api.py"): (
+        "from_backend(...) with no local_addr: this host's FQDN (inside the call)"
+    ),
+    ("elastic/rendezvous/dynamic_rendezvous.py", "elastic/real/rdzv_context.py"): (
+        "from_backend(...) with no clock: real mode's shared loop and torch's node id"
+    ),
+    ("elastic/rendezvous/dynamic_rendezvous.py", "elastic/timer/wallclock.py"): (
+        "from_backend(...) with no clock: backend leases compare wall times across nodes, "
+        "as torch's heartbeats do"
+    ),
+    ("elastic/events/api.py", "elastic/launcher/api.py"): (
+        "construct_and_record_rdzv_event's default hostname (torch's FQDN), computed only "
+        "when a handler other than the null one is configured"
+    ),
 }
 
 
