@@ -76,7 +76,10 @@ class _Gap:
 class LostTime:
     """Feed events in order with :meth:`see`; :meth:`result` gives the breakdown."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_spans: bool = False) -> None:
+        # (t0, t1, part) of every lost span, for the timeline plot; off for the report,
+        # which keeps only sums (its memory must not grow with the run)
+        self.spans: list[tuple[float, float, str]] | None = [] if keep_spans else None
         self.step_time = 0.0
         self.ckpt_every = 0
         self.ckpt_time = 0.0
@@ -184,6 +187,8 @@ class LostTime:
         self.totals["checkpoint"] += checkpoint
         self.totals["other" if finished or timed_out else "rework"] += rest
         self.run_start = None
+        if self.spans is not None and rest > 0 and not finished and not timed_out:
+            self.spans.append((end - rest, end, "rework"))
         if not finished and not timed_out:
             self._pending_rework = rest
         else:
@@ -221,6 +226,12 @@ class LostTime:
             parts = {b: bounds[i + 1] - bounds[i] for i, b in enumerate(GAP_BUCKETS)}
         for bucket, value in parts.items():
             self.totals[bucket] += value
+        if self.spans is not None:
+            at = gap.start
+            for bucket, value in parts.items():
+                if value > 0:
+                    self.spans.append((at, at + value, bucket))
+                at += value
         if not self.first_gap:
             self._charge(gap.fault, {**parts, "rework": self._pending_rework}, gap.start)
         self.first_gap = False

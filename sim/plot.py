@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from elastic.events import AgentEvent
+from sim.losses import LostTime
 
 __all__ = ["MAX_LANES", "plot_timeline"]
 
@@ -49,6 +50,15 @@ _STATE_NAMES = (
     "down or excluded",
 )
 _STATE_COLOURS = ("#2ca02c", "#ff7f0e", "#7f7f7f")
+# the bands of lost time shaded behind the progress line (sim/losses.py's parts)
+_LOST_COLOURS = {
+    "detection": "#d62728",
+    "stopping": "#ff9896",
+    "waiting_for_nodes": "#7f7f7f",
+    "rendezvous": "#ff7f0e",
+    "startup": "#bcbd22",
+    "rework": "#9467bd",
+}
 
 
 class _Timeline:
@@ -62,9 +72,11 @@ class _Timeline:
         self.progress_step: list[float] = [0.0]
         self.end = 0.0
         self.has_progress = False
+        self.losses = LostTime(keep_spans=True)  # the lost-time bands (sim/losses.py)
         round_of: dict[Any, int] = {}
         open_: dict[Any, tuple[float, int]] = {}
         for e in events:
+            self.losses.see(e)
             self.end = max(self.end, e.t)
             k, f = e.kind, e.fields
             if k == "RENDEZVOUS":
@@ -143,7 +155,8 @@ class _Timeline:
 def plot_timeline(events: Iterable[AgentEvent], path: str, title: str = "") -> list[str]:
     """Write the timeline of ``events`` to ``path`` (PNG, SVG or PDF, by extension).
 
-    Returns the legend's labels (what each colour and mark means).
+    Returns the legends' labels (what each colour and mark means), the top panel's first,
+    then the lost-time bands shaded behind the progress line.
     """
     import matplotlib
 
@@ -228,11 +241,23 @@ def plot_timeline(events: Iterable[AgentEvent], path: str, title: str = "") -> l
     if title:
         top.text(0.0, 1.01, heading, transform=top.transAxes, fontsize=8, va="bottom")
         top.set_title(title, fontsize=10, pad=14)
+    lost_handles: list[Any] = []
     if tl.has_progress:
         bottom.plot([t / scale for t in tl.progress_t], tl.progress_step, color="black")
+        tl.losses.result(tl.end)
+        lost_spans = tl.losses.spans or []
+        for part, shade in _LOST_COLOURS.items():
+            lost_bars = [(a / scale, (z - a) / scale) for a, z, b in lost_spans if b == part]
+            if lost_bars:
+                bottom.broken_barh(lost_bars, (0, 1), transform=bottom.get_xaxis_transform(),
+                                   facecolors=shade, alpha=0.45, linewidth=0)  # fmt: skip
+                lost_handles.append(
+                    Patch(color=shade, alpha=0.45, label=f"lost: {part.replace('_', ' ')}")
+                )
         bottom.legend(
             handles=[
-                Line2D([], [], color="black", label="step reached (dips: back to checkpoint)")
+                Line2D([], [], color="black", label="step reached (dips: back to checkpoint)"),
+                *lost_handles,
             ],
             loc="upper left",
             bbox_to_anchor=(1.01, 1.0),
@@ -246,4 +271,4 @@ def plot_timeline(events: Iterable[AgentEvent], path: str, title: str = "") -> l
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    return [str(h.get_label()) for h in handles]
+    return [str(h.get_label()) for h in (*handles, *lost_handles)]

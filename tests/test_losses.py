@@ -132,3 +132,13 @@ failures:
     # each repaired node is let back in once (this seed: no failure during a repair)
     assert cats["hbm"]["rejoins"] == cats["hbm"]["count"] == len(rejoins)
     assert cats["bug"]["rejoins"] == 0
+
+
+def test_the_timeline_shades_the_lost_time_bands_with_a_legend(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from sim.plot import plot_timeline
+
+    events = simulate(load_scenario_text(ONE_CRASH)).events
+    labels = plot_timeline(events, str(tmp_path / "t.png"))
+    assert "lost: rework" in labels and "lost: startup" in labels
+    assert (tmp_path / "t.png").stat().st_size > 1000
