@@ -64,6 +64,7 @@ import psutil
 from elastic.errors import ConfigError
 from elastic.events import AgentEvent, read_events
 from sim.report import build_report
+from sim.run import start_fields
 from sim.scenario import Fault, FaultKind, RendezvousBackend, Scenario, expand_faults, fault_rng
 
 __all__ = ["RealResult", "main", "real_run", "refusal"]
@@ -497,7 +498,6 @@ def real_run(
         config = d / "model.json"  # written once scenario time 0 is known
         run = _Run(sc, k, d, time.monotonic(), port, config, store)
         try:
-            job = sc.job
             first = [run.spawn_agent(n) for n in range(sc.cluster.nodes + sc.cluster.spare_nodes)]
             next_node = len(first)
             for i, f in sorted(enumerate(faults), key=lambda x: (x[1].at, x[0])):
@@ -510,20 +510,7 @@ def real_run(
             # scenario time 0: every first agent is let through at once, as in the simulator
             run.t0 = time.monotonic()
             _model_config(sc, faults, k, d, run.t0)
-            run.emit(
-                "sim.start",
-                name=sc.name,
-                seed=sc.seed,
-                nodes=sc.cluster.nodes,
-                spare_nodes=sc.cluster.spare_nodes,
-                nproc_per_node=sc.cluster.nproc_per_node,
-                steps=job.steps,
-                step_time=job.step_time,
-                until=sc.until,
-                backend=sc.rendezvous.backend.value,
-                world="real",
-                time_scale=k,
-            )
+            run.emit("sim.start", **start_fields(sc), world="real", time_scale=k)
             for a in first:
                 run.open_gate(a)
             reason = "done"

@@ -77,6 +77,26 @@ def _handler_factory(sc: Scenario) -> Any:
     return make
 
 
+def start_fields(sc: Scenario) -> dict[str, Any]:
+    """The fields of a run's ``sim.start`` event, in both worlds (``elastic real`` too):
+    what the report needs of the scenario (steps, step time, the checkpoint settings for
+    its checkpoint overhead and ETTR, ``sim/losses.py``)."""
+    job = sc.job
+    return {
+        "name": sc.name,
+        "seed": sc.seed,
+        "nodes": sc.cluster.nodes,
+        "spare_nodes": sc.cluster.spare_nodes,
+        "nproc_per_node": sc.cluster.nproc_per_node,
+        "steps": job.steps,
+        "step_time": job.step_time,
+        "checkpoint_every": job.checkpoint_every,
+        "checkpoint_time": job.checkpoint_time,
+        "until": sc.until,
+        "backend": sc.rendezvous.backend.value,
+    }
+
+
 #: How many times a run calls its ``progress`` callback, at most (evenly in simulated time).
 PROGRESS_TICKS = 200
 
@@ -137,21 +157,7 @@ def simulate(
         handler_factory=_handler_factory(sc),
         health_watches=health_watches_factory(sc, training, clock, sink),
     )
-    cluster.emit(
-        "sim.start",
-        name=sc.name,
-        seed=sc.seed,
-        nodes=sc.cluster.nodes,
-        spare_nodes=sc.cluster.spare_nodes,
-        nproc_per_node=sc.cluster.nproc_per_node,
-        steps=job.steps,
-        step_time=job.step_time,
-        # for the report's checkpoint overhead and ETTR (sim/losses.py)
-        checkpoint_every=job.checkpoint_every,
-        checkpoint_time=job.checkpoint_time,
-        until=sc.until,
-        backend=sc.rendezvous.backend.value,
-    )
+    cluster.emit("sim.start", **start_fields(sc))
     for _ in range(initial):
         cluster.add_node()
     for n in list(cluster.nodes.values()):
