@@ -90,6 +90,9 @@ def main() -> None:
     if rank == 0 and args.out:
         with open(args.out, "w") as f:
             f.write(params_hash(model) + "\n")
+    # every rank reaches the end before any tears gloo down: a rank that destroys its
+    # group while a peer still talks to it can abort in gloo's threads at exit
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -347,6 +347,9 @@ def test_report_and_error_files_match_torch_both_ways(
 # --- report: exit decoder and OOM ------------------------------------------------------
 
 
+SEGV = "crashed: SIGSEGV (raised by the process itself: a fault or abort())"
+
+
 @pytest.mark.parametrize(
     ("code", "cause", "text"),
     [
@@ -354,8 +357,8 @@ def test_report_and_error_files_match_torch_both_ways(
         (-9, ExitCause.STOPPED_BY_AGENT, "killed by the agent (SIGKILL during group stop)"),
         (-9, ExitCause.SIGNALED, "killed from outside by SIGKILL"),
         (-9, ExitCause.OOM_KILLED, "killed by the kernel's OOM killer (SIGKILL)"),
-        (-11, None, "killed by SIGSEGV"),
-        (-11, ExitCause.EXITED, "killed by SIGSEGV"),
+        (-11, None, SEGV),
+        (-11, ExitCause.EXITED, SEGV),
         (0, None, "exited normally (code 0)"),
         (3, None, "exited with code 3"),
         (137, None, "exited with code 137 (a shell's way of saying its child got SIGKILL)"),
@@ -447,3 +450,12 @@ def test_failure_from_exit_carries_cause_and_fallback_time() -> None:
     assert (pf.cause, pf.timestamp) == (ExitCause.OOM_KILLED, T0)
     plain = failure_from_exit(WorkerExit(local_rank=0, exit_code=1, time=0.0), T0)
     assert plain.cause is None and plain.pid == -1
+
+
+def test_a_fault_signal_is_a_crash_not_a_kill_from_outside() -> None:
+    from elastic.multiprocessing.errors.report import describe_exit
+    from elastic.workers import ExitCause
+
+    assert describe_exit(-11, ExitCause.SIGNALED).startswith("crashed: SIGSEGV")
+    assert describe_exit(-6, ExitCause.SIGNALED).startswith("crashed: SIGABRT")
+    assert describe_exit(-9, ExitCause.SIGNALED) == "killed from outside by SIGKILL"

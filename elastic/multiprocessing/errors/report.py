@@ -6,6 +6,7 @@ combines the exit code with what the agent knows (:class:`~elastic.workers.ExitC
 
     (-15, STOPPED_BY_AGENT) → "killed by the agent (SIGTERM during group stop)"
     (-9, SIGNALED)          → "killed from outside by SIGKILL"
+    (-11, SIGNALED)         → "crashed: SIGSEGV (raised by the process itself: a fault or abort())"
     (-9, OOM_KILLED)        → "killed by the kernel's OOM killer (SIGKILL)"
 
 The launcher decides ``OOM_KILLED`` with :func:`read_oom_counters` (before the group starts
@@ -54,6 +55,10 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+#: SIGILL, SIGTRAP, SIGABRT, SIGBUS, SIGFPE, SIGSEGV, SIGSYS: a process's own fault
+_SELF_INFLICTED = frozenset({4, 5, 6, 7, 8, 11, 31})
+
+
 def describe_exit(exit_code: int, cause: ExitCause | None = None) -> str:
     """One line saying how a worker ended: who killed it, or how it exited.
 
@@ -70,6 +75,10 @@ def describe_exit(exit_code: int, cause: ExitCause | None = None) -> str:
             return f"killed by the agent ({sig} during group stop)"
         return f"exited with code {exit_code} while the agent stopped the group"
     if sig is not None:
+        if -exit_code in _SELF_INFLICTED:
+            # the kernel sends these to a process for its own fault (or abort()): nobody
+            # outside killed it, whatever sent the signal
+            return f"crashed: {sig} (raised by the process itself: a fault or abort())"
         if cause is ExitCause.SIGNALED:
             return f"killed from outside by {sig}"
         return f"killed by {sig}"
