@@ -10,8 +10,6 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import psutil
@@ -26,27 +24,11 @@ from elastic.real.netstore_protocol import (
     decode_response,
     encode_request,
 )
+from tests.test_netstore import run, serving
 
 T = TypeVar("T")
 pytestmark = pytest.mark.timeout(60)
 TOKEN = "correct-horse-battery-staple"
-
-
-def run(body: Callable[[], Awaitable[T]]) -> T:
-    async def main() -> T:
-        return await body()
-
-    return asyncio.run(main())
-
-
-@asynccontextmanager
-async def serving(**kw: Any) -> AsyncIterator[StoreServer]:
-    server = StoreServer("127.0.0.1", 0, **kw)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.aclose()
 
 
 async def client(server: StoreServer, **kw: Any) -> NetStoreClient:

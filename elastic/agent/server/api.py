@@ -512,15 +512,7 @@ class SimpleElasticAgent(ElasticAgent):
             exits[ex.local_rank] = ex
             if ex.failed:
                 w = by_local[ex.local_rank]
-                self._emit(
-                    "torchelastic.worker.status.FAILED",
-                    rank=w.global_rank,
-                    local_rank=ex.local_rank,
-                    exit_code=ex.exit_code,
-                    cause=ex.cause.value,
-                    worker_pid=ex.pid,
-                    attempt=self._attempt,
-                )
+                self._emit_failed(w, ex)
                 # the exit itself: a restart discards it, and only the result returned
                 # gets the failure record (see _with_failure_records)
                 return RunResult(state=WorkerState.FAILED, failures={w.global_rank: ex})
@@ -531,6 +523,17 @@ class SimpleElasticAgent(ElasticAgent):
                         by_local[lr].global_rank: e.return_value for lr, e in exits.items()
                     },
                 )
+
+    def _emit_failed(self, w: Worker, ex: WorkerExit) -> None:
+        self._emit(
+            "torchelastic.worker.status.FAILED",
+            rank=w.global_rank,
+            local_rank=ex.local_rank,
+            exit_code=ex.exit_code,
+            cause=ex.cause.value,
+            worker_pid=ex.pid,
+            attempt=self._attempt,
+        )
 
     async def _add_other_failures(
         self, wg: WorkerGroup, group: RunningGroup, result: RunResult
@@ -550,15 +553,7 @@ class SimpleElasticAgent(ElasticAgent):
             w = by_local.get(ex.local_rank)
             if ex.failed and w is not None:
                 if ex.cause is not ExitCause.STOPPED_BY_AGENT:
-                    self._emit(
-                        "torchelastic.worker.status.FAILED",
-                        rank=w.global_rank,
-                        local_rank=ex.local_rank,
-                        exit_code=ex.exit_code,
-                        cause=ex.cause.value,
-                        worker_pid=ex.pid,
-                        attempt=self._attempt,
-                    )
+                    self._emit_failed(w, ex)
                 result.failures.setdefault(w.global_rank, ex)
 
     def _failure(self, ex: WorkerExit) -> Any:
