@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
+import threading
+import warnings
 from collections.abc import Callable, Sequence
+from types import FrameType
 
 __all__ = ["entry", "main"]
 
@@ -88,7 +92,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _guarded(name: str, command: Callable[[Sequence[str]], int], argv: Sequence[str]) -> int:
-    """Run a plugin command; a closed output pipe or Ctrl-C ends it without a traceback."""
+    """Run a plugin command; a closed output pipe or Ctrl-C ends it without a traceback.
+
+    Ctrl-C can land between the creation of a coroutine and its first step (a simulated
+    store operation, say); unwinding then drops it un-awaited and Python would warn about
+    it on stderr before the one line below.  The interrupt handler silences exactly that
+    warning, and only once an interrupt has happened.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    ours = previous is signal.default_int_handler and threading.current_thread() is threading.main_thread()
+    if ours:
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         code = command(argv)
         sys.stdout.flush()
@@ -99,6 +113,14 @@ def _guarded(name: str, command: Callable[[Sequence[str]], int], argv: Sequence[
     except KeyboardInterrupt:
         print(f"\nelastic {name}: interrupted", file=sys.stderr)
         return INTERRUPTED
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+    raise KeyboardInterrupt
 
 
 def _silence_stdout() -> None:

@@ -276,6 +276,31 @@ def test_ctrl_c_during_a_long_run_prints_one_line_and_exits_130() -> None:
     assert err.strip() == "elastic sim: interrupted" and out == ""
 
 
+@pytest.mark.timeout(60)
+def test_ctrl_c_that_drops_a_fresh_coroutine_still_prints_one_line() -> None:
+    # Ctrl-C between a coroutine's creation and its first step (a simulated store
+    # operation hit this in CI): unwinding drops it un-awaited, and Python would warn
+    # "coroutine ... was never awaited" on stderr before the one line
+    code = """
+import asyncio, os, signal, sys
+from elastic.cli import _guarded
+
+def command(argv):
+    async def op():
+        return 1
+    pending = op()
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(10**7):
+        pass
+    return 0
+
+sys.exit(_guarded("sim", command, []))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, cwd=ROOT)
+    assert p.returncode == 130, p.stderr
+    assert p.stderr.strip() == "elastic sim: interrupted" and p.stdout == ""
+
+
 def _with_tty_stderr(argv: list[str]) -> tuple[int, bytes]:
     import fcntl
     import pty
