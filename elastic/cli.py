@@ -100,7 +100,10 @@ def _guarded(name: str, command: Callable[[Sequence[str]], int], argv: Sequence[
     warning, and only once an interrupt has happened.
     """
     previous = signal.getsignal(signal.SIGINT)
-    ours = previous is signal.default_int_handler and threading.current_thread() is threading.main_thread()
+    ours = (
+        previous is signal.default_int_handler
+        and threading.current_thread() is threading.main_thread()
+    )
     if ours:
         signal.signal(signal.SIGINT, _interrupt)
     try:
@@ -119,7 +122,9 @@ def _guarded(name: str, command: Callable[[Sequence[str]], int], argv: Sequence[
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+    warnings.filterwarnings(
+        "ignore", message="coroutine .* was never awaited", category=RuntimeWarning
+    )
     raise KeyboardInterrupt
 
 

@@ -296,7 +296,9 @@ def command(argv):
 
 sys.exit(_guarded("sim", command, []))
 """
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, cwd=ROOT
+    )
     assert p.returncode == 130, p.stderr
     assert p.stderr.strip() == "elastic sim: interrupted" and p.stdout == ""
 
