@@ -44,7 +44,8 @@ from typing import Any
 from elastic.errors import ConfigError
 from elastic.events import AgentEvent
 from sim.calibration import Calibration
-from sim.scenario import Scenario, Store, load_scenario_text
+from sim.scenario.model import Scenario, Store
+from sim.scenario.reader import load_scenario_text
 
 __all__ = ["CALIBRATION_SCENARIO", "main", "measure", "phases"]
 

@@ -21,7 +21,8 @@ from sim.calibration import Calibration, ModelLatencies
 from sim.clock import SimClock
 from sim.gcpause import quiet_gc
 from sim.report import build_report
-from sim.scenario import Fault, FaultKind, RendezvousBackend, Scenario, expand_faults, fault_rng
+from sim.scenario.expand import expand_faults, fault_rng
+from sim.scenario.model import Fault, FaultKind, RendezvousBackend, Scenario
 from sim.store import SimStoreHost
 from sim.workers import JobModel, Training
 from sim.world import Cluster, SimNode
