@@ -49,6 +49,8 @@ MUST_BE_PURE = [
     "elastic/memstore.py",
     "elastic/agent/ranks.py",
     "elastic/agent/server/api.py",
+    "elastic/agent/server/_decide.py",
+    "elastic/events/kinds.py",
     "elastic/rendezvous/_core.py",
     "elastic/rendezvous/dynamic.py",
     "elastic/rendezvous/dynamic_rendezvous.py",

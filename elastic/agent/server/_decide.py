@@ -78,6 +78,7 @@ from __future__ import annotations
 import enum
 
 from elastic._records import Frozen, set_fields
+from elastic.events import kinds
 from elastic.workers import WorkerExit
 
 __all__ = [
@@ -114,10 +115,8 @@ class WorkerState(str, enum.Enum):
 #: None: like torch, any failed exit spends one restart.
 FREE_EXIT_CODES: frozenset[int] = frozenset()
 
-#: The reason a membership watch gives when the rendezvous is closed for good.
-CLOSED = "closed"
-#: The notice's reason when the round's rank exchange times out.
-RANK_EXCHANGE_TIMEOUT = "rank_exchange_timeout"
+CLOSED = kinds.MEMBERSHIP_CLOSED
+RANK_EXCHANGE_TIMEOUT = kinds.RANK_EXCHANGE_TIMEOUT
 
 
 class OutcomeKind(enum.Enum):
@@ -262,7 +261,15 @@ def _spend_or_stop(
     if remaining > 0:
         return Decision(Action.RESTART, state, notice, reason, detail, remaining - 1, True, failed)
     return Decision(
-        Action.FAIL, state, notice, "restarts_exhausted", detail, remaining, False, failed, result
+        Action.FAIL,
+        state,
+        notice,
+        kinds.STOP_RESTARTS_EXHAUSTED,
+        detail,
+        remaining,
+        False,
+        failed,
+        result,
     )
 
 
@@ -283,7 +290,14 @@ def _on_exits(outcome: Outcome, remaining: int) -> Decision:
         )
     free = all(ex.exit_code in FREE_EXIT_CODES for ex in exits if ex.failed)
     return _spend_or_stop(
-        remaining, free, WorkerState.FAILED, None, "failure", "", failed, WorkerState.FAILED
+        remaining,
+        free,
+        WorkerState.FAILED,
+        None,
+        kinds.RESTART_FAILURE,
+        "",
+        failed,
+        WorkerState.FAILED,
     )
 
 
@@ -292,8 +306,8 @@ def _on_health(outcome: Outcome, remaining: int) -> Decision:
         remaining,
         False,
         WorkerState.UNHEALTHY,
-        "agent.unhealthy",
-        "unhealthy",
+        kinds.AGENT_UNHEALTHY,
+        kinds.RESTART_UNHEALTHY,
         outcome.reason,
         (),
         WorkerState.UNHEALTHY,
@@ -306,7 +320,7 @@ def _on_membership(outcome: Outcome, remaining: int) -> Decision:
             Action.CLOSE,
             None,
             None,
-            "rendezvous_closed",
+            kinds.STOP_RENDEZVOUS_CLOSED,
             outcome.reason,
             remaining,
             result=WorkerState.FAILED,
@@ -314,8 +328,8 @@ def _on_membership(outcome: Outcome, remaining: int) -> Decision:
     return Decision(
         Action.RESTART,
         None,
-        "agent.membership_change",
-        "membership",
+        kinds.AGENT_MEMBERSHIP_CHANGE,
+        kinds.RESTART_MEMBERSHIP,
         outcome.reason,
         remaining,
     )
@@ -323,7 +337,7 @@ def _on_membership(outcome: Outcome, remaining: int) -> Decision:
 
 def _rejoin(outcome: Outcome, remaining: int) -> Decision:
     return Decision(
-        Action.REJOIN, None, "agent.membership_change", "membership", outcome.reason, remaining
+        Action.REJOIN, None, kinds.AGENT_MEMBERSHIP_CHANGE, "membership", outcome.reason, remaining
     )
 
 

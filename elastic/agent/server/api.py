@@ -41,7 +41,7 @@ from elastic.agent.ranks import exchange_ranks_in_round
 from elastic.agent.server._decide import Action, Decision, Outcome, WorkerState, decide, settled
 from elastic.clock import Cancelled, Clock, Task
 from elastic.errors import ElasticError
-from elastic.events import AgentEvent, EventSink, NullSink
+from elastic.events import AgentEvent, EventSink, NullSink, kinds
 from elastic.metrics import put_metric
 from elastic.rendezvous.api import (
     RendezvousClosedError,
@@ -372,13 +372,13 @@ class SimpleElasticAgent(ElasticAgent):
         spec = self._worker_group.spec
         # a torch-style synchronous handler runs in threads (real) or is refused (sim)
         spec.rdzv_handler.bind_clock(self.clock, spec.monitor_interval)
-        self._emit("agent.start", max_restarts=spec.max_restarts)
+        self._emit(kinds.AGENT_START, max_restarts=spec.max_restarts)
         result: RunResult | None = None
         try:
             result = await self._invoke_run(role)
             return result
         except RendezvousGracefulExitError:
-            self._emit("agent.graceful_exit")
+            self._emit(kinds.AGENT_GRACEFUL_EXIT)
             return None
         except WorkerStartRefused as e:
             self.refused_start = str(e)
@@ -387,24 +387,24 @@ class SimpleElasticAgent(ElasticAgent):
             return result
         except RendezvousClosedError:
             # another node ended the job while this one was between groups
-            self._emit("agent.rendezvous_closed")
+            self._emit(kinds.AGENT_RENDEZVOUS_CLOSED)
             self._worker_group.state = WorkerState.FAILED
             result = RunResult(state=WorkerState.FAILED)
             return result
         except RendezvousError as e:
             # torch lets a rendezvous timeout/connection/state error escape run(); so do we,
             # after recording that this agent ended FAILED and why
-            self._emit("agent.rendezvous_error", error=f"{type(e).__name__}: {e}")
+            self._emit(kinds.AGENT_RENDEZVOUS_ERROR, error=f"{type(e).__name__}: {e}")
             self._worker_group.state = WorkerState.FAILED
             result = RunResult(state=WorkerState.FAILED)
             raise
         finally:
-            await self._stop_group("shutdown")
+            await self._stop_group(kinds.STOP_SHUTDOWN)
             self._total_execution_time = int(self.clock.now() - start)
             if result is not None:
                 self._record_metrics(result)
             self._emit(
-                "agent.finish",
+                kinds.AGENT_FINISH,
                 state=result.state.value if result is not None else "EXITED",
                 restarts=self.restart_count,
                 rounds=self._rounds,
@@ -446,7 +446,7 @@ class SimpleElasticAgent(ElasticAgent):
         assert d.action in (Action.FAIL, Action.CLOSE) and d.result is not None, d
         await self._stop_group(d.reason)
         if d.action is Action.CLOSE:
-            self._emit("agent.rendezvous_closed")
+            self._emit(kinds.AGENT_RENDEZVOUS_CLOSED)
         by_local = {w.local_rank: w for w in wg.workers}
         exits = {ex.local_rank: ex for ex in outcome.exits}
         result = RunResult(
@@ -510,7 +510,7 @@ class SimpleElasticAgent(ElasticAgent):
 
     def _emit_failed(self, w: Worker, ex: WorkerExit) -> None:
         self._emit(
-            "torchelastic.worker.status.FAILED",
+            kinds.WORKER_FAILED,
             rank=w.global_rank,
             local_rank=ex.local_rank,
             exit_code=ex.exit_code,
@@ -561,7 +561,7 @@ class SimpleElasticAgent(ElasticAgent):
         if result.state == WorkerState.SUCCEEDED:
             for w in self._worker_group.workers:
                 self._emit(
-                    "torchelastic.worker.status.SUCCEEDED",
+                    kinds.WORKER_SUCCEEDED,
                     rank=w.global_rank,
                     local_rank=w.local_rank,
                     attempt=self._attempt,
@@ -576,7 +576,7 @@ class SimpleElasticAgent(ElasticAgent):
                 # forms another without it (issue 16: three rounds per GPU failure)
                 refusal = await self._pre_start_refusal()
                 if refusal is not None:
-                    self._emit("agent.refused_start", reason=refusal)
+                    self._emit(kinds.AGENT_REFUSED_START, reason=refusal)
                     raise WorkerStartRefused(refusal)
                 await self._rendezvous(wg)
                 await self._start_workers(wg)
@@ -606,7 +606,7 @@ class SimpleElasticAgent(ElasticAgent):
             self._rounds += 1
             self._round = info.round
             self._emit(
-                "RENDEZVOUS",
+                kinds.RENDEZVOUS,
                 duration_ms=round((clock.now() - t0) * 1000, 3),
                 round=info.round,
                 group_rank=info.rank,
@@ -659,7 +659,7 @@ class SimpleElasticAgent(ElasticAgent):
             for r in range(lws)
         ]
         self._emit(
-            "ASSIGN_WORKER_RANKS",
+            kinds.ASSIGN_WORKER_RANKS,
             duration_ms=round((clock.now() - t1) * 1000, 3),
             group_rank=info.rank,
             world_size=assignment.world_size,
@@ -718,7 +718,7 @@ class SimpleElasticAgent(ElasticAgent):
         for w in wg.workers:
             w.id = pids.get(w.local_rank)
             self._emit(
-                "torchelastic.worker.status.START",
+                kinds.WORKER_START,
                 rank=w.global_rank,
                 local_rank=w.local_rank,
                 role_rank=w.role_rank,
@@ -729,7 +729,7 @@ class SimpleElasticAgent(ElasticAgent):
             )
         wg.state = WorkerState.HEALTHY
         self._emit(
-            "agent.group_started",
+            kinds.AGENT_GROUP_STARTED,
             attempt=self._attempt,
             group_rank=wg.group_rank,
             group_world_size=wg.group_world_size,
@@ -750,17 +750,17 @@ class SimpleElasticAgent(ElasticAgent):
         for ex in exits:
             w = self._worker_group.workers[ex.local_rank]
             self._emit(
-                "torchelastic.worker.status.TERMINATED",
+                kinds.WORKER_TERMINATED,
                 rank=w.global_rank,
                 local_rank=ex.local_rank,
                 exit_code=ex.exit_code,
                 attempt=self._attempt,
             )
-        self._emit("agent.group_stopped", reason=reason, attempt=self._attempt)
+        self._emit(kinds.AGENT_GROUP_STOPPED, reason=reason, attempt=self._attempt)
 
     async def _restart_workers(self, wg: WorkerGroup, reason: str, detail: str = "") -> None:
         self._emit(
-            "agent.restart",
+            kinds.AGENT_RESTART,
             reason=reason,
             detail=detail,
             remaining_restarts=self._remaining_restarts,
@@ -783,11 +783,11 @@ class SimpleElasticAgent(ElasticAgent):
             if n >= wg.group_world_size:
                 await store.set(f"{_TERMINAL_STATE_SYNC_ID}/last_member", b"1")
             await store.get(f"{_TERMINAL_STATE_SYNC_ID}/last_member", self._exit_barrier_timeout)
-            self._emit("agent.exit_barrier", duration_s=round(self.clock.now() - t0, 6))
+            self._emit(kinds.AGENT_EXIT_BARRIER, duration_s=round(self.clock.now() - t0, 6))
         except Cancelled:
             raise
         except Exception as e:
-            self._emit("agent.exit_barrier_error", error=f"{type(e).__name__}: {e}")
+            self._emit(kinds.AGENT_EXIT_BARRIER_ERROR, error=f"{type(e).__name__}: {e}")
         finally:
             self._in_exit_barrier = False
 
