@@ -42,7 +42,7 @@ from elastic.agent.server._decide import Action, Decision, Outcome, WorkerState,
 from elastic.clock import Cancelled, Clock, Task
 from elastic.errors import ElasticError
 from elastic.events import AgentEvent, EventSink, NullSink, kinds
-from elastic.metrics import put_metric
+from elastic.metrics.core import AgentMetrics, MetricHandler, NullMetricHandler
 from elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousError,
@@ -271,6 +271,7 @@ class SimpleElasticAgent(ElasticAgent):
         pre_start_checks: list[PreStartCheck] | None = None,
         env_hooks: list[EnvHook] | None = None,
         rank_exchange_timeout: float = 600,
+        metrics_handler: MetricHandler | None = None,
     ) -> None:
         refusal = torch_hook_refusal(type(self))
         if refusal is not None:
@@ -284,6 +285,9 @@ class SimpleElasticAgent(ElasticAgent):
         self._in_exit_barrier = False
         self._clock = clock
         self._workers_port = workers
+        #: this agent's metrics (torch's names, group ``torchelastic``), on its clock
+        self.metrics = AgentMetrics(metrics_handler or NullMetricHandler(), self._clock_now)
+        self._metrics_handler_given = metrics_handler is not None
         self._events: EventSink = events if events is not None else NullSink()
         self._node = node
         self._health_watches = list(health_watches or [])
@@ -338,6 +342,9 @@ class SimpleElasticAgent(ElasticAgent):
             raise RuntimeError("this agent has no workers port: pass workers=")
         return self._workers_port
 
+    def _clock_now(self) -> float:
+        return self.clock.now()
+
     def _emit(self, kind: str, rank: int | None = None, **fields: Any) -> None:
         now = self.clock.now()
         self.last_event_time = now
@@ -355,7 +362,12 @@ class SimpleElasticAgent(ElasticAgent):
     # -- the synchronous API (real mode) ------------------------------------------------
     def run(self, role: str = DEFAULT_ROLE) -> RunResult | None:
         """Run the agent to the end on a fresh event loop (real mode)."""
+        from elastic.metrics.api import ConfiguredMetricHandler
         from elastic.real.clock import AsyncioClock, run_sync
+
+        if not self._metrics_handler_given:
+            # torch's agent reports to the handlers set with metrics.configure()
+            self.metrics.handler = ConfiguredMetricHandler()
 
         async def main() -> RunResult | None:
             if self._clock is None:
@@ -419,11 +431,11 @@ class SimpleElasticAgent(ElasticAgent):
             group = self._group
             assert group is not None
             outcome = await self._wait_first(wg, group)
-            put_metric(f"workers.{role}.remaining_restarts", self._remaining_restarts)
+            self.metrics.put(f"workers.{role}.remaining_restarts", self._remaining_restarts)
             d = decide(wg.state, outcome, self._remaining_restarts)
             if d.state is not None:
                 wg.state = d.state
-                put_metric(f"workers.{role}.{d.state.name.lower()}", 1)
+                self.metrics.put(f"workers.{role}.{d.state.name.lower()}", 1)
             if d.notice is not None:
                 self._emit(d.notice, reason=d.detail)
             if d.action is Action.RESTART:
@@ -797,17 +809,21 @@ class SimpleElasticAgent(ElasticAgent):
         role = spec.role
         with_retries = self._remaining_restarts != spec.max_restarts
         failed = group_results.is_failed()
-        put_metric(f"workers.{role}.run_total", 1)
-        put_metric(f"workers.{role}.run_success_with_retries", int(not failed and with_retries))
-        put_metric(f"workers.{role}.run_success_no_retries", int(not failed and not with_retries))
-        put_metric(f"workers.{role}.run_failed_with_retries", int(failed and with_retries))
-        put_metric(f"workers.{role}.run_failed_no_retries", int(failed and not with_retries))
+        self.metrics.put(f"workers.{role}.run_total", 1)
+        self.metrics.put(
+            f"workers.{role}.run_success_with_retries", int(not failed and with_retries)
+        )
+        self.metrics.put(
+            f"workers.{role}.run_success_no_retries", int(not failed and not with_retries)
+        )
+        self.metrics.put(f"workers.{role}.run_failed_with_retries", int(failed and with_retries))
+        self.metrics.put(f"workers.{role}.run_failed_no_retries", int(failed and not with_retries))
         flakiness = (
             100.0
             if failed
             else 100.0 - 100.0 * (self._remaining_restarts + 1) / (spec.max_restarts + 1)
         )
-        put_metric(f"workers.{role}.flakiness", int(flakiness))
+        self.metrics.put(f"workers.{role}.flakiness", int(flakiness))
 
 
 class WorkerStartRefused(ElasticError):

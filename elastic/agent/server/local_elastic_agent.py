@@ -74,6 +74,7 @@ from elastic.agent.server.api import (
 from elastic.errors import ConfigError
 from elastic.events import EventSink, kinds
 from elastic.ids import uuid4_str
+from elastic.metrics.core import MetricHandler
 from elastic.multiprocessing.api import LogsSpecs
 from elastic.once import say_once
 from elastic.workers import RunningGroup, WorkerExit
@@ -179,7 +180,9 @@ class LocalElasticAgent(SimpleElasticAgent):
     Keywords beyond torch's: ``events`` (where agent events go), ``extra_env`` (added to
     every worker's environment), ``hang_timeout`` (seconds; None: no hang detection),
     ``signals_to_handle`` (default: ``TORCHELASTIC_SIGNALS_TO_HANDLE`` or torch's
-    default), ``gpu_check`` (False: skip the NVML pre-start check), ``node``.
+    default), ``gpu_check`` (False: skip the NVML pre-start check), ``node``,
+    ``metrics_handler`` (where the agent's metrics go; default: the handler set with
+    ``elastic.metrics.configure``, as in torch).
     """
 
     def __init__(
@@ -200,7 +203,9 @@ class LocalElasticAgent(SimpleElasticAgent):
         node: int | str | None = None,
         reaper: bool | ReaperSidecar = True,
         preload: Sequence[str] = (),
+        metrics_handler: MetricHandler | None = None,
     ) -> None:
+        from elastic.metrics.api import ConfiguredMetricHandler
         from elastic.real.workers import ProcessWorkers
 
         if start_method not in ("spawn", "fork", "forkserver"):
@@ -233,6 +238,8 @@ class LocalElasticAgent(SimpleElasticAgent):
             ],
             pre_start_checks=[self._check_gpus] if gpu_check else None,
             env_hooks=[self._torch_env],
+            # torch's agent reports to the handlers set with metrics.configure()
+            metrics_handler=metrics_handler or ConfiguredMetricHandler(),
         )
         self._process_workers = workers
         self._logs_specs = workers.logs_specs
