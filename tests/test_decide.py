@@ -203,6 +203,9 @@ def test_the_table_as_torch_documents_it() -> None:
     assert (d.action, d.result, d.reason) == (Action.FAIL, WorkerState.FAILED, "restarts_exhausted")
     d = decide(h, Outcome.of_exits((ok,), 1), 0)
     assert (d.action, d.result) == (Action.SUCCEED, WorkerState.SUCCEEDED)
+
+
+def test_exit_143_spends_a_restart_as_in_torch() -> None:
     sigterm = WorkerExit(local_rank=0, exit_code=143, time=0.0)
-    d = decide(h, Outcome.of_exits((sigterm,), 2), 3)
-    assert (d.action, d.spent, d.remaining) == (Action.RESTART, True, 2)  # torch spends on 143
+    d = decide(WorkerState.HEALTHY, Outcome.of_exits((sigterm,), 2), 3)
+    assert (d.action, d.spent, d.remaining) == (Action.RESTART, True, 2)

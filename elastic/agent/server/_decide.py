@@ -111,8 +111,8 @@ class WorkerState(str, enum.Enum):
         return state in {WorkerState.HEALTHY, WorkerState.UNHEALTHY}
 
 
-#: Exit codes whose failure restarts the group without spending the restart budget.
-#: None: like torch, any failed exit spends one restart.
+#: Exit codes whose failure restarts the group without spending the restart budget
+#: (torch has none: any failed exit spends one restart).
 FREE_EXIT_CODES: frozenset[int] = frozenset()
 
 CLOSED = kinds.MEMBERSHIP_CLOSED
