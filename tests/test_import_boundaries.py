@@ -28,6 +28,7 @@ FORBIDDEN_IN_CORE = {"asyncio", "subprocess", "socket", "signal", "selectors", "
 REAL_ADAPTERS = {
     "elastic/real/*",
     "elastic/run.py",
+    "elastic/cli.py",  # the `elastic` command's process entry: its SIGINT handler, its exit
     "elastic/launcher/*",
     "elastic/agent/server/local_elastic_agent.py",
     "elastic/agent/server/health_check_server.py",
