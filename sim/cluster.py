@@ -10,15 +10,17 @@ them), so:
 - the results are those of the local sweep, byte for byte: a run is a pure function of
   (scenario, settings, seed, code), the answers go through the same JSON either way, and a
   worker whose ``elastic``/``sim`` code differs from ours is refused (its fingerprint);
-- no object of ours crosses the wire pickled, and this process reads task results with
-  Dask's msgpack deserializer only: a pickled result or exception from the cluster is
-  refused, not loaded.  Dask's own protocol still pickles its task specifications (the
-  reference to ``run_cell``) and some of its control messages, and unpickles the latter
-  unconditionally; its scheduler refuses to start with ``distributed.scheduler.pickle:
-  false`` ("Pickling can no longer be disabled"), so this cannot be switched off.  Hence: **the
-  cluster must be trusted** (Dask's own security advice); use ``tls://`` with
-  ``--tls-ca-file/--tls-cert/--tls-key`` (or Dask's ``distributed.comm.tls.*`` settings)
-  on a network that others share.
+- no object of ours crosses the wire pickled, and this process asks for and reads task
+  results as msgpack only (the client's serializers and deserializers): an answer that is
+  not plain data, or a pickled exception, is refused, never unpickled here.
+
+Dask's own protocol still pickles its task specifications (the reference to ``run_cell``)
+and some of its control messages, and unpickles those unconditionally; its scheduler
+refuses to start with ``distributed.scheduler.pickle: false`` ("Pickling can no longer be
+disabled"), so that cannot be switched off.  Hence: **the cluster must be trusted** (Dask's
+own security advice: anyone who can reach the scheduler can run code on it and on us); use
+``tls://`` with ``--tls-ca-file/--tls-cert/--tls-key`` (or Dask's ``distributed.comm.tls.*``
+settings) on a network that others share.
 
 Bad input is one line (exit 2): Dask not installed (the ``cluster`` extra), a malformed
 address, no scheduler answering within :data:`CONNECT_TIMEOUT_S`, a scheduler with no
@@ -206,9 +208,11 @@ def run_on_cluster(
                 try:
                     answer = future.result()
                 except Exception as error:  # a Dask failure (worker lost for good, refusal)
+                    why = f"{type(error).__name__}: {error}"
+                    if "only able to deserialize data with ['msgpack']" in str(error):
+                        why = "a worker's answer was not JSON text (refused, not unpickled)"
                     raise SweepError(
-                        f"--cluster {address}: a run failed on the cluster: "
-                        f"{type(error).__name__}: {error}"
+                        f"--cluster {address}: a run failed on the cluster: {why}"
                     ) from None
                 if not isinstance(answer, str):
                     raise SweepError(f"--cluster {address}: a worker answered {answer!r}")

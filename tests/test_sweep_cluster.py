@@ -158,6 +158,25 @@ def _runs_per_worker(address: str, tls: dict[str, str] | None = None) -> list[in
     return sorted(counts.values())
 
 
+class _Pickled:
+    """What a hostile or mismatched worker might answer: unpickling it runs code here."""
+
+    loaded = False
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_mark_loaded, ())
+
+
+def _mark_loaded() -> _Pickled:
+    _Pickled.loaded = True
+    return _Pickled()
+
+
+def pickled_answer(text: str) -> _Pickled:
+    """Run on a Dask worker in place of run_cell (it imports this module by name)."""
+    return _Pickled()
+
+
 def _sweep_json(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     code = main(list(argv))
     captured = capsys.readouterr()
@@ -170,7 +189,10 @@ ARGV = ["--seeds", "3", "--set", "job.checkpoint_every=50,300", "--json"]
 
 @pytest.mark.timeout(180)
 def test_a_sweep_on_a_dask_cluster_prints_the_local_results_exactly(
-    scenario: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    scenario: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     local = _sweep_json(capsys, str(scenario), *ARGV, "--jobs", "1")
     with dask_cluster(tmp_path / "cluster", workers=2) as address:
@@ -179,6 +201,12 @@ def test_a_sweep_on_a_dask_cluster_prints_the_local_results_exactly(
         # a bare host:port means tcp://
         bare = _sweep_json(capsys, str(scenario), *ARGV, "--cluster", address[len("tcp://") :])
         ran = _runs_per_worker(address)
+        # a worker whose answer is a pickled object, not JSON text, is refused, not loaded
+        monkeypatch.setattr(sim.cluster, "run_cell", pickled_answer)
+        assert main([str(scenario), *ARGV, "--cluster", address]) == 1
+        err = capsys.readouterr().err
+        assert "a worker's answer was not JSON text (refused, not unpickled)" in err, err
+        assert err.count("\n") == 1 and not _Pickled.loaded, err
     assert remote == local  # the printed JSON, byte for byte
     assert bare == local
     out = json.loads(remote)
