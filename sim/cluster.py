@@ -22,6 +22,10 @@ own security advice: anyone who can reach the scheduler can run code on it and o
 ``tls://`` with ``--tls-ca-file/--tls-cert/--tls-key`` (or Dask's ``distributed.comm.tls.*``
 settings) on a network that others share.
 
+The scheduler and every worker need this package (the workers the same code: the fingerprint
+checks it) and the ``cluster`` extra installed: Dask's scheduler unpickles the task graph,
+so it imports :mod:`sim.sweep` too.
+
 Bad input is one line (exit 2): Dask not installed (the ``cluster`` extra), a malformed
 address, no scheduler answering within :data:`CONNECT_TIMEOUT_S`, a scheduler with no
 worker within :data:`WORKERS_TIMEOUT_S`.  A worker lost mid-sweep is Dask's business (it
@@ -143,15 +147,24 @@ def _security(distributed: Any, address: str, tls: ClusterTLS) -> Any:
 
 @contextmanager
 def _quiet_dask() -> Iterator[None]:
-    """Dask logs a refused payload as a CRITICAL traceback before raising it; we raise
-    one line instead (DESIGN: never a traceback for the user)."""
-    logger = logging.getLogger("distributed.protocol.core")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL + 1)
+    """Dask's client logs its failures with tracebacks (a refused payload, a lost
+    scheduler, from its own thread) before they reach us as exceptions; we say each in one
+    line instead (DESIGN: never a traceback for the user), so its log is off meanwhile."""
+    # a logger's own level and ``disabled`` are what count for its records (Dask sets
+    # levels on children such as distributed.client), so each is switched off by name
+    loggers = [
+        logging.getLogger(name)
+        for name in ["distributed", *logging.root.manager.loggerDict]
+        if name == "distributed" or name.startswith("distributed.")
+    ]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, disabled in zip(loggers, before, strict=True):
+            logger.disabled = disabled
 
 
 def run_on_cluster(
@@ -211,11 +224,23 @@ def run_on_cluster(
                     why = f"{type(error).__name__}: {error}"
                     if "only able to deserialize data with ['msgpack']" in str(error):
                         why = "a worker's answer was not JSON text (refused, not unpickled)"
+                    elif "deserialization of the task graph" in str(error):
+                        why = (
+                            "the scheduler cannot load sim.sweep.run_cell; expected the same "
+                            "elastic-sim-agent installed on the scheduler and every worker"
+                        )
+                    elif isinstance(error, OSError):
+                        why = f"the connection to the scheduler was lost ({why})"
+                    elif getattr(error, "reason", None) == "scheduler-connection-lost":
+                        why = "the connection to the scheduler was lost (Dask cancelled the runs)"
                     raise SweepError(
                         f"--cluster {address}: a run failed on the cluster: {why}"
                     ) from None
                 if not isinstance(answer, str):
-                    raise SweepError(f"--cluster {address}: a worker answered {answer!r}")
+                    raise SweepError(
+                        f"--cluster {address}: a worker answered {str(answer)[:80]!r}; "
+                        "expected JSON text"
+                    )
                 ident, figures = take_result(answer, seeds)
                 results[ident] = figures
                 if on_result is not None:

@@ -75,16 +75,19 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 @contextlib.contextmanager
-def dask_cluster(where: Path, workers: int, tls: dict[str, str] | None = None) -> Iterator[str]:
+def dask_cluster(
+    where: Path, workers: int, tls: dict[str, str] | None = None, started: list[Any] | None = None
+) -> Iterator[str]:
     """A Dask scheduler and ``workers`` workers (one thread each, no nanny) on 127.0.0.1;
-    yields the scheduler's address once every worker has joined.  Everything is stopped
+    yields the scheduler's address once every worker has joined (``started`` gets the
+    processes, the scheduler first).  Everything is stopped
     (SIGTERM, then SIGKILL after 20 s) on the way out; the scheduler also ends by itself
     after 5 idle minutes and the workers 60 s after losing it, should this process die."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     flags = [x for kv in (tls or {}).items() for x in kv]
     where.mkdir(parents=True, exist_ok=True)
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[subprocess.Popen[bytes]] = [] if started is None else started
     drains: list[threading.Thread] = []
     with no_leftover_processes():
         try:
@@ -327,3 +330,27 @@ def test_a_result_of_other_code_or_a_crash_is_refused() -> None:
     with pytest.raises(SweepError, match="seed 11 crashed: KeyError"):
         take_result(crash, {7: 11})
     assert len(sim.sweep.code_fingerprint()) == 12
+
+
+@pytest.mark.timeout(180)
+def test_a_scheduler_lost_mid_sweep_ends_it_in_one_line(
+    scenario: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    procs: list[Any] = []
+    take = sim.cluster.take_result
+
+    def kill_the_scheduler_first(text: str, seeds: dict[int, int]) -> Any:
+        if procs[0].poll() is None:
+            procs[0].kill()
+            procs[0].wait()
+        return take(text, seeds)
+
+    monkeypatch.setattr(sim.cluster, "take_result", kill_the_scheduler_first)
+    with dask_cluster(tmp_path / "cluster", workers=1, started=procs) as address:
+        code = main([str(scenario), "--seeds", "40", "--json", "--cluster", address])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "the connection to the scheduler was lost" in err and err.count("\n") == 1, err
