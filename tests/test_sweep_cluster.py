@@ -214,8 +214,9 @@ def test_a_sweep_on_a_dask_cluster_prints_the_local_results_exactly(
     assert bare == local
     out = json.loads(remote)
     assert [len(row["runs"]) for row in out["settings"]] == [3, 3]
-    # the runs were the cluster's: 2 sweeps x 6 runs, on its 2 workers
-    assert len(ran) == 2 and sum(ran) == 12, ran
+    # the runs were the cluster's: 2 sweeps x 6 runs, on its 2 workers (more only if
+    # Dask ran one twice, after a worker it thought lost)
+    assert len(ran) == 2 and sum(ran) >= 12, ran
 
 
 @pytest.mark.timeout(180)
