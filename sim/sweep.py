@@ -80,6 +80,7 @@ FIGURES = (
     *(f"lost_s.{b}" for b in BUCKETS),
 )
 _MAX_RUNS = 100_000
+_MAX_ANSWER = 1 << 20  # bytes of one worker's answer (JSON text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,11 +231,14 @@ def take_result(text: str, seeds: dict[int, int]) -> tuple[int, dict[str, Any]]:
     """A :func:`run_cell` answer → (id, figures); a refused scenario raises ConfigError, a
     crash or a result of other code (``code`` differs from ours) raises SweepError.
     ``seeds``: each job id's seed, to name the run that failed."""
+    bad = SweepError(f"a sweep worker answered {text[:80]!r}; expected a result")
+    if len(text) > _MAX_ANSWER:  # one run's figures are about 1 KB
+        raise bad
     try:
         message = json.loads(text)
         ident = int(message["id"])
     except (ValueError, TypeError, KeyError):
-        raise SweepError(f"a sweep worker answered {text[:80]!r}; expected a result") from None
+        raise bad from None
     if "error" in message:
         raise ConfigError("elastic sweep", str(message["error"]))
     seed = seeds.get(ident)
@@ -243,13 +247,15 @@ def take_result(text: str, seeds: dict[int, int]) -> tuple[int, dict[str, Any]]:
             f"the run with seed {seed} crashed: {message['crash']}; "
             f"`elastic sim FILE --seed {seed}` (with the same --set values) shows where"
         )
+    figures = message.get("figures")
+    if not isinstance(figures, dict):
+        raise bad
     if message.get("code") != code_fingerprint():
         raise SweepError(
             f"a worker runs other elastic/sim code (fingerprint {message.get('code')!r}, "
             f"ours {code_fingerprint()!r}): its results would differ; install the same "
             "version on every worker"
         )
-    figures: dict[str, Any] = message["figures"]
     return ident, figures
 
 

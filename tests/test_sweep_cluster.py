@@ -330,6 +330,9 @@ def test_a_result_of_other_code_or_a_crash_is_refused() -> None:
     crash = json.dumps({"id": 7, "crash": "KeyError: 'x'"})
     with pytest.raises(SweepError, match="seed 11 crashed: KeyError"):
         take_result(crash, {7: 11})
+    for answer in ("[]", "not json", json.dumps({"id": 7, "figures": "x"}), " " * (2 << 20)):
+        with pytest.raises(SweepError, match="expected a result"):
+            take_result(answer, {7: 11})
     assert len(sim.sweep.code_fingerprint()) == 12
 
 
