@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,7 @@ class Soak:
     pids: dict[int, list[list[int]]] = field(default_factory=dict)
     seconds: float = 0.0
     stderr: str = ""
+    agent_pid: int = 0
 
 
 def token() -> str:
@@ -124,9 +126,11 @@ def run(
     end: str = "exit",
     env_tag: tuple[str, str] | None = None,
     timeout: float = 600.0,
+    flags: Sequence[str] = (),
 ) -> Soak:
     """Run the job; ``end``: "exit" (let it end), a signal name sent once attempt
-    ``restarts`` is up, or "inject" (the agent raises when it would start that one)."""
+    ``restarts`` is up, or "inject" (the agent raises when it would start that one);
+    ``flags``: more ``elastic run`` flags (``--preload json``, say)."""
     tok = token()
     out = Soak()
     with tempfile.TemporaryDirectory(prefix="soak_") as where:
@@ -145,6 +149,7 @@ def run(
             "0.1",
             "--shutdown-timeout",
             "3",
+            *flags,
             WORKER,
             where,
             mode,
@@ -159,6 +164,7 @@ def run(
             cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
         agent = psutil.Process(proc.pid)
+        out.agent_pid = proc.pid
         deadline = t0 + timeout
         last = restarts if end == "exit" else restarts - (1 if end == "inject" else 0)
 
