@@ -91,6 +91,7 @@ def test_sigkilled_agent_leaves_nothing_not_even_env_scrubbed_double_forked_daem
     assert result.samples and result.samples[-1].attempt == 2, result.samples
     assert result.pids.get(2), "the last attempt's workers never started their daemons"
     assert not result.leftovers, f"left behind: {result.details}"
+    assert "start cold" not in result.stderr  # with --preload: forked from the zygote
     # the sidecar removed the agent's cgroup after killing it
     deadline = time.monotonic() + 10
     while _ours(result.agent_pid) and time.monotonic() < deadline:
