@@ -853,15 +853,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return
         await self._store.set(self._ek(r, "next"), _dump({"version": _VERSION, "round": r + 1}))
         if r >= 1:  # nobody reads round r-1 any more (round r+1's decider reads round r)
-            for key in (
-                self._ek(r - 1, "result"),
-                self._rk(r - 1, "count"),
-                self._ek(r - 1, "next"),
-            ):
+            removed = [
                 await self._store.delete(key)
-            # and round r-1's store: O(members) deletes, off the join's path (each node
-            # deletes its own keys of past rounds as it joins: _drop_own_keys)
-            self._drop_task = self._clock.spawn(self._drop_round(r - 1), name="rdzv-drop-round")
+                for key in (
+                    self._ek(r - 1, "result"),
+                    self._rk(r - 1, "count"),
+                    self._ek(r - 1, "next"),
+                )
+            ]
+            # and round r-1's store: O(members) deletes, off the join's path, by the one
+            # node whose delete removed the result (every member asking again gets here:
+            # compare_set returns the desired state to them too); each node deletes its
+            # own keys of past rounds as it joins (_drop_own_keys)
+            if removed[0]:
+                self._drop_task = self._clock.spawn(self._drop_round(r - 1), name="rdzv-drop-round")
 
     async def _drop_round(self, r: int) -> None:
         """Delete round ``r``'s store ``s/<r>/`` (addresses, the agents' ranks) and its
