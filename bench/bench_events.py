@@ -1,9 +1,10 @@
 """Where the simulator's events come from: every simpy event a run schedules, counted by
-its source (the code that created it), per node per job restart.
+its source (the code that created it), per node per job restart: the events scheduled, and
+how many of them opened a queue entry of their own (the report's ``sim_events``; events due at
+the same instant share one, see sim/clock.py ``_Env``).
 
 The scenario is bench/bench_scale.py's (the Llama 3 405B failure rates, N nodes x 8
-workers).  The count is simpy's event ids (``Environment.schedule``), the same count as the
-report's ``sim_events``.  Run:
+workers).  Run:
 
     python bench/bench_events.py --nodes 512 --days 1 [--top 30]
 
@@ -66,15 +67,16 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=40)
     args = ap.parse_args()
 
-    import simpy.core
     import simpy.events
     from bench_scale import scenario
 
+    import sim.clock
     from sim.run import simulate
     from sim.scenario import load_scenario_text
 
-    counts: Counter[tuple[str, str]] = Counter()
-    orig = simpy.core.Environment.schedule
+    counts: Counter[tuple[str, str]] = Counter()  # events scheduled, by source
+    entries: Counter[tuple[str, str]] = Counter()  # of which opened a queue entry
+    orig = sim.clock._Env.schedule
 
     def schedule(self: Any, event: Any, priority: int = 1, delay: float = 0) -> None:
         kind = type(event).__name__
@@ -88,6 +90,8 @@ def main() -> None:
         elif not site:
             site = "(simpy internal)"
         counts[(kind, site)] += 1
+        if (self._now + delay, priority) not in self._open:
+            entries[(kind, site)] += 1
         orig(self, event, priority, delay)
 
     made: dict[int, str] = {}
@@ -98,24 +102,26 @@ def main() -> None:
         cond_init(self, *a, **k)
 
     simpy.events.Condition.__init__ = condition  # type: ignore[method-assign]
-    simpy.core.Environment.schedule = schedule  # type: ignore[method-assign]
+    sim.clock._Env.schedule = schedule  # type: ignore[method-assign]
     sc = load_scenario_text(scenario(args.nodes, args.days), "bench")
     report = simulate(sc).report
-    simpy.core.Environment.schedule = orig  # type: ignore[method-assign]
+    sim.clock._Env.schedule = orig  # type: ignore[method-assign]
 
     total = sum(counts.values())
+    total_entries = sum(entries.values())
     rounds = int(report["rendezvous_rounds"])
     restarts = max(rounds - 1, 1)
     per = restarts * args.nodes
     print(
         f"<!-- python bench/bench_events.py --nodes {args.nodes} --days {args.days:g} -->\n"
-        f"{args.nodes} nodes, {args.days:g} d: {report['sim_events']} events, {rounds} rounds, "
-        f"{total / per:.1f} events per node per restart\n"
+        f"{args.nodes} nodes, {args.days:g} d, {rounds} rounds: {report['sim_events']} simulated "
+        f"events (queue entries: {total_entries / per:.1f} per node per restart) for {total} "
+        f"simpy events scheduled ({total / per:.1f} per node per restart)\n"
     )
-    print("| events/node/restart | share | event type | source [clock function] |")
+    print("| queue entries/node/restart | simpy events/node/restart | event type | source |")
     print("|---:|---:|---|---|")
     for (kind, site), n in counts.most_common(args.top):
-        print(f"| {n / per:.2f} | {100 * n / total:.1f} % | {kind} | `{site}` |")
+        print(f"| {entries[(kind, site)] / per:.2f} | {n / per:.2f} | {kind} | `{site}` |")
 
 
 if __name__ == "__main__":

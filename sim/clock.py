@@ -40,12 +40,13 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Coroutine, Generator
-from heapq import heappop
+from collections.abc import Callable, Coroutine, Generator
+from heapq import heappop, heappush
 from typing import Any, Generic, TypeVar
 
 import simpy
-from simpy.events import NORMAL, PENDING, URGENT, AnyOf, Event, EventPriority, Interruption, Process
+from simpy.core import EmptySchedule, StopSimulation
+from simpy.events import NORMAL, PENDING, AnyOf, Event, EventPriority, Interruption, Process
 
 from elastic.clock import Cancelled, OneShot, Task, Waitable
 
@@ -151,8 +152,13 @@ class _SimOneShot(OneShot):
         return await _Yield(self._ev)
 
 
+#: the priority of observers' events (after every event of the run at their instant)
+_ASIDE = EventPriority(2)
+
+
 class _Wake(Event):
-    """One scheduled wake-up shared by every sleep that ends at the same time."""
+    """One wake-up shared by every sleep that ends at the same time (one Timeout each
+    before): its callbacks are the sleepers' and are run one by one (see :class:`_Env`)."""
 
     __slots__ = ()
 
@@ -168,52 +174,115 @@ class _Wake(Event):
 
 
 class _Env(simpy.Environment):
-    """simpy's Environment with shared wake-ups (module docstring, "Shared wake-ups").
+    """simpy's Environment, scheduling the events due at the same instant together.
 
-    Performance: ``schedule`` runs for every event of the run; it adds one float
-    comparison to simpy's own.
+    simpy orders its queue by (time, priority, event id): events with the same time and
+    priority run in the order they were scheduled.  This environment keeps one queue
+    entry per (time, priority) instead of one per event: an event scheduled while an
+    entry for its (time, priority) is pending joins that entry's batch, and a batch runs
+    its events in the order they joined, which is their simpy order.  Nothing else can
+    come between two events of a batch except an event of a *higher* priority (lower
+    number: a task's start, a cancellation) scheduled at the same time by the earlier
+    one's callbacks; those run before the batch goes on, exactly where simpy would have
+    run them.  An event scheduled at the batch's time and priority while the batch runs
+    starts a new entry, after it, as it would have come after every event of the batch.
+    The order of everything a run does — its event log — is therefore the same as with
+    simpy's own queue; ``events()`` counts queue entries (simpy's event ids).
+
+    Sleeps go one step further (module docstring, "Shared wake-ups"): a sleep to ``T``
+    joins the last event of the batch for ``T`` when that is a wake-up, instead of adding
+    a Timeout of its own.
+
+    Performance: ``schedule`` and ``step`` run for every event of the run; each is one
+    dict operation more than simpy's (measured in bench/results/events.md).
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self._wake: _Wake | None = None  # the open wake-up, joinable by sleeps to _wake_t
-        self._wake_t = -1.0
+        # (time, priority) -> the batch of its pending queue entry, open for joining
+        self._open: dict[tuple[float, int], list[Event]] = {}
+        self.aside = 0  # queue entries that are not the run's own (progress ticks)
+        # simpy's queue, whose entries here carry batches where simpy's carry events
+        self._entries: list[tuple[float, int, int, list[Event]]] = self._queue  # type: ignore[assignment]
 
     def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: float = 0) -> None:
         t = self._now + delay
-        if t == self._wake_t:
-            self._wake = None  # another event at T: a later sleep must resume after it
-            self._wake_t = -1.0
-        super().schedule(event, priority, delay)
+        key = (t, priority)
+        batch = self._open.get(key)
+        if batch is not None:
+            batch.append(event)
+            return
+        batch = self._open[key] = [event]
+        heappush(self._entries, (t, priority, next(self._eid), batch))
+
+    def schedule_aside(self, event: Event, delay: float) -> None:
+        """Schedule ``event`` after every other event of its instant, in an entry of its own
+        that ``events()`` does not count (for observers such as a progress bar)."""
+        self.aside += 1
+        heappush(self._entries, (self._now + delay, _ASIDE, next(self._eid), [event]))
+
+    def events(self) -> int:
+        """How many queue entries the run has scheduled (simpy's event ids, without aside)."""
+        return next(self._eid) - self.aside
 
     def wake_after(self, delay: float) -> Event:
         """The event that fires ``delay`` from now, shared with other sleeps to that time."""
-        t = self._now + delay
-        wake = self._wake
-        if wake is not None and t == self._wake_t:
-            return wake
-        wake = _Wake(self, delay)  # its own schedule closed any wake-up open at t
-        self._wake, self._wake_t = wake, t
-        return wake
+        batch = self._open.get((self._now + delay, NORMAL))
+        if batch is not None:
+            last = batch[-1]
+            if type(last) is _Wake:
+                return last
+        return _Wake(self, delay)
+
+    def _stopped(self, now: float, prio: int, eid: int, rest: list[Event]) -> None:
+        if rest:
+            heappush(self._entries, (now, prio, eid, rest))
 
     def step(self) -> None:
-        queue = self._queue
-        if not queue or type(queue[0][3]) is not _Wake:
-            super().step()
-            return
-        now, _, _, wake = heappop(queue)
+        queue = self._entries
+        try:
+            now, prio, eid, batch = heappop(queue)
+        except IndexError:
+            raise EmptySchedule from None
         self._now = now
-        if wake is self._wake:
-            self._wake = None
-            self._wake_t = -1.0
-        callbacks: deque[Any] = wake.callbacks  # type: ignore[assignment]
-        while callbacks:
-            callbacks.popleft()(wake)
-            # what this sleeper scheduled urgently runs before the next sleeper resumes,
-            # as it would have before the next sleeper's own timeout
-            while queue and queue[0][1] == URGENT and queue[0][0] == now:
-                super().step()
-        wake.callbacks = None  # type: ignore[assignment]
+        open_ = self._open
+        key = (now, prio)
+        if open_.get(key) is batch:
+            del open_[key]
+        for i, event in enumerate(batch):
+            if i:
+                # what the previous event's callbacks scheduled at a higher priority runs
+                # first, as it would have run before this event's own queue entry
+                while queue and queue[0][1] < prio and queue[0][0] == now:
+                    self.step()
+            if type(event) is _Wake:
+                callbacks: deque[Any] = event.callbacks  # type: ignore[assignment]
+                while callbacks:
+                    try:
+                        callbacks.popleft()(event)
+                    except StopSimulation:
+                        self._stopped(now, prio, eid, batch[i:] if callbacks else batch[i + 1 :])
+                        raise
+                    while queue and queue[0][1] < prio and queue[0][0] == now:
+                        self.step()
+                event.callbacks = None  # type: ignore[assignment]
+            else:
+                cbs, event.callbacks = event.callbacks, None  # type: ignore[assignment]
+                for j, callback in enumerate(cbs):
+                    try:
+                        callback(event)
+                    except StopSimulation:
+                        # as simpy: the event's remaining callbacks run first when the
+                        # simulation resumes, then the rest of the batch
+                        event.callbacks = cbs[j + 1 :]
+                        self.schedule(event, EventPriority(-1))
+                        self._stopped(now, prio, eid, batch[i + 1 :])
+                        raise
+            if not event._ok and not hasattr(event, "_defused"):
+                # The event failed and nobody defused it: crash the run, as simpy does.
+                exc = type(event._value)(*event._value.args)
+                exc.__cause__ = event._value
+                raise exc
 
 
 class SimClock:
@@ -224,6 +293,30 @@ class SimClock:
         self.unobserved: list[tuple[str, BaseException]] = []
         wake_after = getattr(self.env, "wake_after", None)
         self._wake_after = wake_after if wake_after is not None else self.env.timeout
+
+    def every(self, period: float, fn: Callable[[float], None]) -> None:
+        """Call ``fn(now)`` every ``period`` simulated seconds, after every event of the run
+        at that instant, without changing the run's order of events or ``events()``."""
+        env = self.env
+        if not isinstance(env, _Env):
+            raise TypeError("every() needs the SimClock's own environment")
+
+        def tick(_: Event) -> None:
+            fn(self.now())
+            arm()
+
+        def arm() -> None:
+            ev = Event(env)
+            ev.callbacks.append(tick)
+            ev._ok, ev._value = True, None  # as a Timeout is made
+            env.schedule_aside(ev, period)
+
+        arm()
+
+    def events(self) -> int:
+        """How many events the run has scheduled (queue entries; see :class:`_Env`)."""
+        env = self.env
+        return env.events() if isinstance(env, _Env) else next(env._eid)
 
     def _observed(self, exc: BaseException) -> None:
         self.unobserved = [(n, e) for (n, e) in self.unobserved if e is not exc]
