@@ -24,16 +24,19 @@ shares one scheduled event, a :class:`_Wake`, instead of a simpy ``Timeout`` eac
 event.  The order in which the sleepers resume is exactly the order of their own
 timeouts, because (see :class:`_Env`):
 
-* a sleep joins the open wake-up for ``T`` only if no other event was scheduled at ``T``
-  since that wake-up was scheduled (otherwise it would resume before that event instead
-  of after it); any other event scheduled at ``T`` closes it, and the next sleep to ``T``
-  opens a new one;
+* a sleep joins the wake-up for ``T`` only if it is the last event scheduled at ``T``
+  (with a Timeout's priority): had another event been scheduled at ``T`` after it, the
+  sleep would resume before that event instead of after it, so it opens a new wake-up;
 * when the wake-up fires, its sleepers resume one by one, and any urgent event one of
   them scheduled (a task's start, a cancellation) is processed before the next sleeper
   resumes, as simpy would have processed it before the next sleeper's own timeout.
 
-A run's event log is therefore byte-identical with and without sharing; only simpy's
-event count and the time spent drop.
+:class:`_Env` applies the same idea to every event: the events due at the same time and
+priority share one entry of simpy's queue.
+
+A run's event log is therefore byte-identical with and without sharing (checked over
+every scenario, tests/test_sim_clock_wake.py checks random programs against one Timeout
+per sleep); only simpy's queue entries and the time spent drop.
 """
 
 from __future__ import annotations
@@ -198,7 +201,7 @@ class _Env(simpy.Environment):
     """
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(0.0)  # a float from the start: SimClock.now returns it as it is
         # (time, priority) -> the batch of its pending queue entry, open for joining
         self._open: dict[tuple[float, int], list[Event]] = {}
         self.aside = 0  # queue entries that are not the run's own (progress ticks)
@@ -223,7 +226,9 @@ class _Env(simpy.Environment):
 
     def events(self) -> int:
         """How many queue entries the run has scheduled (simpy's event ids, without aside)."""
-        return next(self._eid) - self.aside
+        n = next(self._eid) - self.aside
+        self.aside += 1  # the id this call took is no event
+        return n
 
     def wake_after(self, delay: float) -> Event:
         """The event that fires ``delay`` from now, shared with other sleeps to that time."""
@@ -322,7 +327,10 @@ class SimClock:
         self.unobserved = [(n, e) for (n, e) in self.unobserved if e is not exc]
 
     def now(self) -> float:
-        return float(self.env.now)
+        env = self.env
+        # Performance: called a few times per store operation of every agent; on the
+        # clock's own environment the time is already a float (see _Env.__init__)
+        return env._now if type(env) is _Env else float(env.now)
 
     async def sleep(self, seconds: float) -> None:
         await _Yield(self._wake_after(max(0.0, seconds)))
