@@ -8,7 +8,7 @@ simultaneous events by insertion, and nodes and faults are iterated in a fixed o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,8 +113,9 @@ def simulate(
     """Run ``sc`` (with ``seed`` overriding the file's) and return its report and events.
 
     ``progress(now, until)`` is called every ``until / PROGRESS_TICKS`` simulated
-    seconds (for a progress bar).  The ticks are simpy timeouts of their own: they do
-    not change the order of the run's events, its event log or its ``sim_events``.
+    seconds (for a progress bar).  The ticks are the clock's observer events
+    (``SimClock.every``): they do not change the order of the run's events, its event log
+    or its ``sim_events``.
 
     ``calibration``: this machine's latencies (:mod:`sim.calibration`), as a real run at
     ``time_scale`` meets them; they replace the store's latency and add to the worker
@@ -166,10 +167,9 @@ def simulate(
         cluster.start_node(n)
     clock.spawn(_drive_faults(cluster, faults), name="faults")
     deadline = clock.env.timeout(sc.until)
-    ticks = [0]
     if progress is not None:
         progress(0.0, sc.until)
-        clock.env.process(_ticker(clock.env, sc.until, progress, ticks))
+        clock.every(sc.until / PROGRESS_TICKS, lambda now: progress(now, sc.until))
     with quiet_gc():  # the collector took half the CPU at 2,048 nodes (sim/gcpause.py)
         clock.env.run(until=AnyOf(clock.env, [cluster.finished._ev, deadline]))  # type: ignore[attr-defined]
     reason = "done" if cluster.finished.is_set() else "until"
@@ -181,22 +181,11 @@ def simulate(
         best_step=training.best_step,
         unobserved_errors=[f"{n}: {type(e).__name__}: {e}" for n, e in clock.unobserved],
     )
-    # the ticker's own events (its timeouts and its process' start) are not the run's
-    sim_events = next(clock.env._eid) - (ticks[0] + 1 if progress is not None else 0)
+    sim_events = clock.events()  # the progress ticks' events are not the run's
     report = build_report(sink.events)
     report["sim_events"] = sim_events
     report["wall_s"] = round(time.perf_counter() - wall0, 3)
     return SimResult(report, list(sink.events), faults)
-
-
-def _ticker(
-    env: Any, until: float, progress: Callable[[float, float], None], ticks: list[int]
-) -> Generator[Any, Any, None]:
-    step = until / PROGRESS_TICKS
-    while True:
-        ticks[0] += 1  # each timeout takes one simpy event id, processed or not
-        yield env.timeout(step)
-        progress(env.now, until)
 
 
 async def _drive_faults(c: Cluster, faults: list[Fault]) -> None:

@@ -184,13 +184,14 @@ class SimStoreClient:
         answer (or error) waits for the link again before the caller sees it."""
         # Performance: this runs for every store operation of every simulated agent: the
         # link checks are plain attribute reads, the operation is passed with its
-        # arguments (no closure per call), and a healthy link costs no event beyond the
-        # latency.
+        # arguments (no closure per call), the latency is awaited without a coroutine of
+        # its own, and a healthy link costs no event beyond the latency (which it shares
+        # with every other round trip ending at the same instant, sim/clock.py).
         host = self.host
         if self._cut_until is not None or host._down_until is not None:
             await self._link()
         if host.latency > 0:
-            await host.clock.sleep(host.latency)
+            await host.clock.after(host.latency)
             if self._cut_until is not None or host._down_until is not None:
                 await self._link()  # the link failed while the request travelled
         try:
