@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from simpy.events import AnyOf
@@ -25,7 +25,7 @@ from sim.report import build_report
 from sim.scenario.expand import expand_faults, fault_rng
 from sim.scenario.model import Fault, RendezvousBackend, Scenario
 from sim.store import SimStoreHost
-from sim.workers import JobModel, Training
+from sim.workers import Training
 from sim.world import Cluster, SimNode
 
 __all__ = ["SimResult", "simulate"]
@@ -131,17 +131,14 @@ def simulate(
     clock = SimClock()
     sink = ListSink()
     job = sc.job
-    model = JobModel(
-        steps=job.steps,
-        step_time=job.step_time,
+    # the job as this run meets it: its start-up net of what a preload saves, plus this
+    # machine's extra start-up
+    model = replace(
+        job,
         startup_time=job.startup_time - (job.preload_saves or 0.0) + lat.extra_startup,
-        checkpoint_every=job.checkpoint_every,
-        checkpoint_time=job.checkpoint_time,
-        collective_timeout=job.collective_timeout,
-        stop_time=lat.stop_time,
-        exit_notice=lat.exit_notice,
+        preload_saves=None,
     )
-    training = Training(clock, model, sink)
+    training = Training(clock, model, sink, stop_time=lat.stop_time, exit_notice=lat.exit_notice)
     host = SimStoreHost(clock, latency=sc.store.latency)
     initial = sc.cluster.nodes + sc.cluster.spare_nodes
     from sim.hangs import health_watches_factory

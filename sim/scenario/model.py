@@ -23,6 +23,7 @@ Decisions worth knowing (see also the field docstrings):
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -95,6 +96,9 @@ class Job:
     ``preload_saves``: how much of ``startup_time`` ``elastic run --preload`` removes from
     every start of the workers (None: not said; a calibration file may supply it, see
     :mod:`sim.calibration`; else 0).
+
+    The methods are the training arithmetic the simulated workers run on
+    (:mod:`sim.workers`): progress is computed from time, never stepped through.
     """
 
     steps: int
@@ -106,6 +110,69 @@ class Job:
     timer: float | None = None
     hang_timeout: float | None = None
     preload_saves: float | None = None
+
+    def segment(self) -> float:
+        """The seconds from one checkpoint's end to the next's: its steps and the save."""
+        return self.checkpoint_every * self.step_time + self.checkpoint_time
+
+    def progress(self, s0: int, work: float) -> tuple[int, int]:
+        """(steps reached, last completed checkpoint) after ``work`` seconds from step ``s0``."""
+        if work <= 0:
+            return s0, s0
+        k = self.checkpoint_every
+        if k <= 0:
+            steps = s0 + math.floor(work / self.step_time + 1e-9)
+            return min(steps, self.steps), s0
+        seg = self.segment()
+        n_full = math.floor(work / seg + 1e-9)
+        rem = work - n_full * seg
+        in_seg = min(k, math.floor(rem / self.step_time + 1e-9))
+        steps = min(self.steps, s0 + n_full * k + in_seg)
+        ckpt = min(self.steps, s0 + n_full * k)
+        return steps, ckpt
+
+    def phase_start(self, work: float) -> float:
+        """Where (in work seconds) the step or checkpoint in progress at ``work`` began.
+
+        A worker's step timer is acquired there (the model worker runs every step and
+        every checkpoint inside ``expires(after=timer)``)."""
+        st = self.step_time
+        k = self.checkpoint_every
+        if k <= 0:
+            return math.floor(work / st + 1e-9) * st
+        seg = self.segment()
+        n_full = math.floor(work / seg + 1e-9)
+        rem = work - n_full * seg
+        if rem < k * st - 1e-9:
+            return n_full * seg + math.floor(rem / st + 1e-9) * st
+        return n_full * seg + k * st  # in the checkpoint
+
+    def last_beat(self, work: float) -> float | None:
+        """Where (in work seconds) the last step completed before ``work``: a worker beats
+        after each step.  None before the first step of a world completed."""
+        st = self.step_time
+        k = self.checkpoint_every
+        if k <= 0:
+            n = math.floor(work / st + 1e-9)
+            return n * st if n > 0 else None
+        seg = self.segment()
+        n_full = math.floor(work / seg + 1e-9)
+        rem = work - n_full * seg
+        in_seg = min(k, math.floor(rem / st + 1e-9))
+        if in_seg > 0:
+            return n_full * seg + in_seg * st
+        if n_full == 0:
+            return None
+        return (n_full - 1) * seg + k * st  # the step before the last checkpoint
+
+    def work_to_finish(self, s0: int) -> float:
+        """Seconds of work from step ``s0`` (a checkpoint) to the last step."""
+        remaining = max(0, self.steps - s0)
+        if remaining == 0:
+            return 0.0
+        k = self.checkpoint_every
+        n_ckpt = (math.ceil(remaining / k) - 1) if k > 0 else 0
+        return remaining * self.step_time + n_ckpt * self.checkpoint_time
 
 
 @dataclass(frozen=True, slots=True)
