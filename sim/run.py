@@ -23,10 +23,10 @@ from sim.gcpause import quiet_gc
 from sim.inject import apply_fault
 from sim.report import build_report
 from sim.scenario.expand import expand_faults, fault_rng
-from sim.scenario.model import Fault, RendezvousBackend, Scenario
+from sim.scenario.model import Fault, RendezvousBackendName, Scenario
 from sim.store import SimStoreHost
 from sim.workers import Training
-from sim.world import Cluster, SimNode
+from sim.world import SimCluster, SimNode
 
 __all__ = ["SimResult", "simulate"]
 
@@ -58,7 +58,7 @@ def _handler_factory(sc: Scenario) -> Any:
             "timeout": rdzv.join_timeout,
             "master_port": MASTER_PORT,
         }
-        if rdzv.backend is RendezvousBackend.STATIC:
+        if rdzv.backend is RendezvousBackendName.STATIC:
             config["rank"] = node.id
         params = RendezvousParameters(
             backend=rdzv.backend.value,
@@ -143,7 +143,7 @@ def simulate(
     initial = sc.cluster.nodes + sc.cluster.spare_nodes
     from sim.hangs import health_watches_factory
 
-    cluster = Cluster(
+    cluster = SimCluster(
         clock,
         host,
         training,
@@ -196,7 +196,7 @@ def _ticker(
         progress(env.now, until)
 
 
-async def _drive_faults(c: Cluster, faults: list[Fault]) -> None:
+async def _drive_faults(c: SimCluster, faults: list[Fault]) -> None:
     clock = c.clock
     for i, f in enumerate(faults):
         delay = f.at - clock.now()

@@ -431,9 +431,9 @@ def _event_log(
             ) from None
         events = StreamSink(event_file)
     if recorder is not None:
-        from elastic.events import TeeSink
+        from elastic.events import FanOutSink
 
-        events = recorder if events is None else TeeSink(events, recorder)
+        events = recorder if events is None else FanOutSink(events, recorder)
     return event_file, events
 
 

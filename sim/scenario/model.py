@@ -46,10 +46,10 @@ __all__ = [
     "Job",
     "Need",
     "RateFault",
-    "Rendezvous",
-    "RendezvousBackend",
+    "RendezvousBackendName",
+    "RendezvousSpec",
     "Scenario",
-    "Store",
+    "StoreSpec",
 ]
 
 #: The simulation gives up at this simulated time unless ``until:`` says otherwise.
@@ -71,7 +71,7 @@ class FaultKind(enum.StrEnum):
     GPU_ERROR = "gpu_error"
 
 
-class RendezvousBackend(enum.StrEnum):
+class RendezvousBackendName(enum.StrEnum):
     """The rendezvous the simulated agents use (torchrun's ``--rdzv-backend`` names)."""
 
     C10D = "c10d"
@@ -186,7 +186,7 @@ class Agent:
 
 
 @dataclass(frozen=True, slots=True)
-class Rendezvous:
+class RendezvousSpec:
     """Rendezvous settings; the timeouts default to torch's dynamic rendezvous.
 
     ``heartbeat_timeout`` is how long a silent node stays a member: torch drops a node after
@@ -195,7 +195,7 @@ class Rendezvous:
 
     min_nodes: int
     max_nodes: int
-    backend: RendezvousBackend = RendezvousBackend.C10D
+    backend: RendezvousBackendName = RendezvousBackendName.C10D
     join_timeout: float = 600.0
     last_call_timeout: float = 30.0
     heartbeat_timeout: float = 15.0
@@ -203,7 +203,7 @@ class Rendezvous:
 
 
 @dataclass(frozen=True, slots=True)
-class Store:
+class StoreSpec:
     """The simulated store host: one-way latency of every operation, in seconds."""
 
     latency: float = 0.001
@@ -319,12 +319,12 @@ class Scenario:
     name: str
     cluster: Cluster
     job: Job
-    rendezvous: Rendezvous
+    rendezvous: RendezvousSpec
     seed: int = 0
     until: float = DEFAULT_UNTIL
     description: str = ""
     agent: Agent = field(default_factory=Agent)
-    store: Store = field(default_factory=Store)
+    store: StoreSpec = field(default_factory=StoreSpec)
     faults: tuple[Fault | RateFault, ...] = ()
     expect: Expectation = field(default_factory=Expectation)
     source: str = field(default="<string>", compare=False)
