@@ -18,7 +18,7 @@ from elastic.events import AgentEvent, ListSink
 from elastic.rendezvous import get_rendezvous_handler
 from elastic.rendezvous.api import RendezvousContext, RendezvousHandler, RendezvousParameters
 from sim.calibration import Calibration, ModelLatencies
-from sim.clock import SimClock
+from sim.clock import CountingEnvironment, SimClock
 from sim.gcpause import quiet_gc
 from sim.inject import apply_fault
 from sim.report import build_report
@@ -128,7 +128,8 @@ def simulate(
         lat = calibration.latencies(time_scale)
         sc = calibration.apply_store(sc, time_scale)
     faults = expand_faults(sc, fault_rng(sc.seed))
-    clock = SimClock()
+    env = CountingEnvironment()
+    clock = SimClock(env)
     sink = ListSink()
     job = sc.job
     # the job as this run meets it: its start-up net of what a preload saves, plus this
@@ -168,7 +169,7 @@ def simulate(
         progress(0.0, sc.until)
         clock.env.process(_ticker(clock.env, sc.until, progress, ticks))
     with quiet_gc():  # the collector took half the CPU at 2,048 nodes (sim/gcpause.py)
-        clock.env.run(until=AnyOf(clock.env, [cluster.finished._ev, deadline]))  # type: ignore[attr-defined]
+        clock.env.run(until=AnyOf(clock.env, [clock.event_of(cluster.finished), deadline]))
     reason = "done" if cluster.finished.is_set() else "until"
     cluster.emit(
         "sim.end",
@@ -179,7 +180,7 @@ def simulate(
         unobserved_errors=[f"{n}: {type(e).__name__}: {e}" for n, e in clock.unobserved],
     )
     # the ticker's own events (its timeouts and its process' start) are not the run's
-    sim_events = next(clock.env._eid) - (ticks[0] + 1 if progress is not None else 0)
+    sim_events = env.scheduled - (ticks[0] + 1 if progress is not None else 0)
     report = build_report(sink.events)
     report["sim_events"] = sim_events
     report["wall_s"] = round(time.perf_counter() - wall0, 3)
