@@ -1,4 +1,5 @@
-"""Run a scenario: build the simulated cluster, inject the faults, return the event log.
+"""Run a scenario: build the simulated cluster, inject the faults (each kind's handler is in
+:mod:`sim.inject`), return the event log.
 
 A run is a pure function of (scenario, seed): randomness comes only from sub-generators
 of the seed, one per concern (faults here; nothing else draws yet), simpy orders

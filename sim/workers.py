@@ -1,4 +1,5 @@
-"""Worker models: the workers port of the simulator, and the training job they run.
+"""Worker models: the workers port of the simulator, and the training job they run (its
+arithmetic is :class:`sim.scenario.model.Job`'s).
 
 Theory of operation
 -------------------
