@@ -10,11 +10,12 @@ driver (``_SimTask._drive``) that records the outcome, so a failing or cancelled
 never crashes the simulation; a failure nobody retrieved is kept in
 :attr:`SimClock.unobserved` for the runner to report.
 
-Cancellation is an interrupt whose exception is :data:`elastic.clock.Cancelled`
-(``asyncio.CancelledError``) instead of simpy's ``Interrupt``, so agent code sees the
-same exception type in both worlds.  A timeout is a race between the guarded task and
-a deadline; the loser is cancelled and awaited, so its ``finally`` has run before
-:class:`TimeoutError` is raised — as ``asyncio.timeout`` does.
+Cancellation is simpy's public ``Process.interrupt`` with a cause of our own, which the
+awaitable the coroutine is suspended in (``_Yield``) turns into
+:data:`elastic.clock.Cancelled` (``asyncio.CancelledError``), so agent code sees the same
+exception type in both worlds and no simpy ``Interrupt``.  A timeout is a race between
+the guarded task and a deadline; the loser is cancelled and awaited, so its ``finally``
+has run before :class:`TimeoutError` is raised — as ``asyncio.timeout`` does.
 
 Shared wake-ups
 ---------------
@@ -49,7 +50,8 @@ from typing import Any, Generic, TypeVar
 
 import simpy
 from simpy.core import EmptySchedule, StopSimulation
-from simpy.events import NORMAL, PENDING, AnyOf, Event, EventPriority, Interruption, Process
+from simpy.events import NORMAL, AnyOf, Event, EventPriority, Process
+from simpy.exceptions import Interrupt
 
 from elastic.clock import Cancelled, OneShot, Task, Waitable
 
@@ -62,8 +64,12 @@ class SimTaskError(RuntimeError):
     """A task failed in the simulation and nobody joined it."""
 
 
+# the cause of the interrupt that cancels a task (see _Yield)
+_CANCEL = object()
+
+
 class _Yield:
-    """Await a simpy event from a coroutine."""
+    """Await a simpy event from a coroutine; a cancelling interrupt raises Cancelled here."""
 
     __slots__ = ("ev",)
 
@@ -71,15 +77,15 @@ class _Yield:
         self.ev = ev
 
     def __await__(self) -> Generator[Event, Any, Any]:
-        return (yield self.ev)
-
-
-class _Cancel(Interruption):
-    """simpy's interruption, throwing the port's cancellation exception."""
-
-    def __init__(self, process: Process) -> None:
-        super().__init__(process, None)
-        self._value = Cancelled()
+        # every await of a simulated coroutine suspends here, so the interrupt is turned
+        # into the port's exception before any agent code sees it (a try costs nothing
+        # until something is raised)
+        try:
+            return (yield self.ev)
+        except Interrupt as interrupt:
+            if interrupt.cause is _CANCEL:
+                raise Cancelled() from None
+            raise
 
 
 class _Outcome(enum.Enum):
@@ -112,11 +118,11 @@ class _SimTask(Task[T], Generic[T]):
             self._clock.unobserved.append((self.name, e))
 
     def cancel(self) -> None:
-        if self._proc._value is not PENDING:
+        if not self._proc.is_alive:
             return
         if self._proc is self._clock.env.active_process:
             raise RuntimeError(f"task {self.name!r} cannot cancel itself in the simulator")
-        _Cancel(self._proc)
+        self._proc.interrupt(_CANCEL)
 
     def done(self) -> bool:
         return self._outcome is not _Outcome.RUNNING
@@ -354,7 +360,9 @@ class SimClock:
         return one
 
     @staticmethod
-    def _event_of(w: Waitable) -> Event:
+    def event_of(w: Waitable) -> Event:
+        """The simpy event that fires when ``w`` (a task or event of this clock) does: for
+        ``env.run(until=...)`` and the simulator's own models."""
         if isinstance(w, _SimTask):
             return w._proc
         if isinstance(w, _SimOneShot):
@@ -381,7 +389,7 @@ class SimClock:
         for i, w in enumerate(waitables):  # lowest index wins ties
             if self._is_done(w):
                 return i, self._value_of(w)
-        await _Yield(AnyOf(self.env, [self._event_of(w) for w in waitables]))
+        await _Yield(AnyOf(self.env, [self.event_of(w) for w in waitables]))
         for i, w in enumerate(waitables):
             if self._is_done(w):
                 return i, self._value_of(w)

@@ -66,7 +66,7 @@ from elastic.events import AgentEvent, read_events
 from sim.report import build_report
 from sim.run import start_fields
 from sim.scenario.expand import expand_faults, fault_rng
-from sim.scenario.model import Fault, FaultKind, RendezvousBackend, Scenario
+from sim.scenario.model import Fault, FaultKind, RendezvousBackendName, Scenario
 
 __all__ = ["RealResult", "main", "real_run", "refusal"]
 
@@ -102,7 +102,7 @@ TICK = 0.01
 
 def refusal(sc: Scenario, faults: Sequence[Fault]) -> str | None:
     """Why this scenario cannot run for real here, or None."""
-    if sc.rendezvous.backend is not RendezvousBackend.C10D:
+    if sc.rendezvous.backend is not RendezvousBackendName.C10D:
         return (
             f"rendezvous.backend: got {sc.rendezvous.backend.value!r}; elastic real runs "
             "'c10d' (its store in a process of its own)"

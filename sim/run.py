@@ -1,4 +1,5 @@
-"""Run a scenario: build the simulated cluster, inject the faults, return the event log.
+"""Run a scenario: build the simulated cluster, inject the faults (each kind's handler is in
+:mod:`sim.inject`), return the event log.
 
 A run is a pure function of (scenario, seed): randomness comes only from sub-generators
 of the seed, one per concern (faults here; nothing else draws yet), simpy orders
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from simpy.events import AnyOf
@@ -23,10 +24,10 @@ from sim.gcpause import quiet_gc
 from sim.inject import apply_fault
 from sim.report import build_report
 from sim.scenario.expand import expand_faults, fault_rng
-from sim.scenario.model import Fault, RendezvousBackend, Scenario
+from sim.scenario.model import Fault, RendezvousBackendName, Scenario
 from sim.store import SimStoreHost
-from sim.workers import JobModel, Training
-from sim.world import Cluster, SimNode
+from sim.workers import Training
+from sim.world import SimCluster, SimNode
 
 __all__ = ["SimResult", "simulate"]
 
@@ -58,7 +59,7 @@ def _handler_factory(sc: Scenario) -> Any:
             "timeout": rdzv.join_timeout,
             "master_port": MASTER_PORT,
         }
-        if rdzv.backend is RendezvousBackend.STATIC:
+        if rdzv.backend is RendezvousBackendName.STATIC:
             config["rank"] = node.id
         params = RendezvousParameters(
             backend=rdzv.backend.value,
@@ -132,22 +133,19 @@ def simulate(
     clock = SimClock()
     sink = ListSink()
     job = sc.job
-    model = JobModel(
-        steps=job.steps,
-        step_time=job.step_time,
+    # the job as this run meets it: its start-up net of what a preload saves, plus this
+    # machine's extra start-up
+    model = replace(
+        job,
         startup_time=job.startup_time - (job.preload_saves or 0.0) + lat.extra_startup,
-        checkpoint_every=job.checkpoint_every,
-        checkpoint_time=job.checkpoint_time,
-        collective_timeout=job.collective_timeout,
-        stop_time=lat.stop_time,
-        exit_notice=lat.exit_notice,
+        preload_saves=None,
     )
-    training = Training(clock, model, sink)
+    training = Training(clock, model, sink, stop_time=lat.stop_time, exit_notice=lat.exit_notice)
     host = SimStoreHost(clock, latency=sc.store.latency)
     initial = sc.cluster.nodes + sc.cluster.spare_nodes
     from sim.hangs import health_watches_factory
 
-    cluster = Cluster(
+    cluster = SimCluster(
         clock,
         host,
         training,
@@ -171,7 +169,7 @@ def simulate(
         progress(0.0, sc.until)
         clock.every(sc.until / PROGRESS_TICKS, lambda now: progress(now, sc.until))
     with quiet_gc():  # the collector took half the CPU at 2,048 nodes (sim/gcpause.py)
-        clock.env.run(until=AnyOf(clock.env, [cluster.finished._ev, deadline]))  # type: ignore[attr-defined]
+        clock.env.run(until=AnyOf(clock.env, [clock.event_of(cluster.finished), deadline]))
     reason = "done" if cluster.finished.is_set() else "until"
     cluster.emit(
         "sim.end",
@@ -188,7 +186,7 @@ def simulate(
     return SimResult(report, list(sink.events), faults)
 
 
-async def _drive_faults(c: Cluster, faults: list[Fault]) -> None:
+async def _drive_faults(c: SimCluster, faults: list[Fault]) -> None:
     clock = c.clock
     for i, f in enumerate(faults):
         delay = f.at - clock.now()
