@@ -56,26 +56,40 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 # -- refusals and bad input ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("fault", "why"),
-    [
-        ("network_partition, nodes: [1], duration: 5s", "does not cut links"),
-        ("gpu_error, node: 1", "no GPU to fail"),
-    ],
-)
-def test_a_fault_real_mode_cannot_do_is_refused_with_the_reason(fault: str, why: str) -> None:
-    sc = load_scenario_text(SMALL % fault)
+def test_a_fault_real_mode_cannot_do_is_refused_with_the_reason() -> None:
+    sc = load_scenario_text(SMALL % "gpu_error, node: 1")
     reason = refusal(sc, expand_faults(sc, fault_rng(0)))
-    assert reason is not None and why in reason
+    assert reason is not None and "no GPU to fail" in reason
 
 
-def test_elastic_real_refuses_before_starting_anything(tmp_path: Path) -> None:
+def _no_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    import elastic.real.netns
+
+    monkeypatch.setattr(elastic.real.netns, "available", lambda: "network namespaces need root")
+
+
+def test_a_partition_without_namespaces_is_refused_naming_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sc = load_scenario_text(SMALL % "network_partition, nodes: [1], duration: 5s")
+    _no_namespaces(monkeypatch)
+    reason = refusal(sc, expand_faults(sc, fault_rng(0)))
+    assert reason is not None and "network_partition at 30s" in reason
+    assert "network namespaces need root" in reason
+
+
+def test_elastic_real_refuses_before_starting_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     f = tmp_path / "p.yaml"
     f.write_text(SMALL % "network_partition, nodes: [1], duration: 5s")
     from sim.realrun import main
 
+    _no_namespaces(monkeypatch)
     r = _cli_main(main, [str(f), "--time-scale", "10"])
     assert r == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "need root" in err, err
 
 
 def _cli_main(main: object, argv: list[str]) -> int:

@@ -133,6 +133,34 @@ def test_a_partitioned_nodes_lease_expires_ttl_after_the_cut_on_the_store_side()
     assert "k" not in _keys(host)
 
 
+def test_a_cut_off_lease_expires_ttl_after_its_last_renewal_every_third_of_the_ttl() -> None:
+    # granted at 0, renewed at 5 and 10 (every ttl/3); cut at 12: the last renewal that
+    # reached the store was at 10, so the lease ends at 25, not 12 + 15 = 27
+    clock, host = _host()
+    a = host.client("a")
+    clock.spawn(_hold_lease(a, "k"))
+    _at(clock, 12.0, a.partition_start)
+    clock.env.run(until=24.9)
+    assert "k" in _keys(host)
+    clock.env.run(until=25.1)
+    assert "k" not in _keys(host)
+
+
+def test_after_a_heal_the_renewals_count_from_the_heal() -> None:
+    # cut 3..9 (healed within the ttl: the held renewal goes through at 9), so renewals
+    # are at 9, 14, 19...; cut again at 21: the last was at 19, the lease ends at 34
+    clock, host = _host()
+    a = host.client("a")
+    clock.spawn(_hold_lease(a, "k"))
+    _at(clock, 3.0, a.partition_start)
+    _at(clock, 9.0, a.partition_end)
+    _at(clock, 21.0, a.partition_start)
+    clock.env.run(until=33.9)
+    assert "k" in _keys(host)
+    clock.env.run(until=34.1)
+    assert "k" not in _keys(host)
+
+
 def test_a_partition_healed_within_the_ttl_expires_nothing() -> None:
     clock, host = _host()
     a = host.client("a")
