@@ -301,3 +301,69 @@ def test_a_killed_elastic_real_leaves_nothing_running(sig: str, tag: str) -> Non
     if sig == "SIGTERM":
         assert p.returncode == 130 and "interrupted" in err
     # the tag fixture fails the test if an agent, worker or the store host is left
+
+
+# -- a partition, for real (network namespaces) ----------------------------------------
+
+
+def _namespaces_of(pid: int) -> list[str]:
+    """Namespaces and TAP devices a run in process ``pid`` made that still exist."""
+    from elastic.real import netns
+
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    dev = f"elt{pid % 100000}x"
+    return [w for w in names.split() if w.startswith(f"{netns._PREFIX}{pid}_")] + [
+        ln for ln in links.splitlines() if dev in ln
+    ]
+
+
+def _need_namespaces() -> None:
+    from elastic.real import netns
+
+    why = netns.available()
+    if why is not None:
+        pytest.skip(why)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_partition_cut_for_real_recovers_as_simulated_and_leaves_no_namespace(
+    tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _need_namespaces()
+    monkeypatch.setenv(TAG, tag)
+    sc = load_scenario(SCENARIOS / "fidelity_partition_minority.yaml")
+    c = compare(sc, 10.0, scenario_calibration(sc), tolerance=0.25, floor=0.25)
+    assert c.mismatches == [], c.table()
+    assert c.real["state"] == "SUCCEEDED" and c.real["final_nodes"] == 3
+    assert [r["ok"] for r in c.faults] == [True], c.table()
+    # the cut node's lease expired on the store's side (the others re-formed without it)
+    # and it rejoined at the heal: two recoveries in both worlds
+    assert c.real["recovery_count"] == c.sim["recovery_count"] == 2
+    assert _namespaces_of(os.getpid()) == []
+
+
+@pytest.mark.timeout(60)
+def test_elastic_real_stopped_during_a_cut_leaves_no_namespace_and_no_process(tag: str) -> None:
+    import signal
+    import time
+
+    _need_namespaces()
+    env = dict(os.environ, **{TAG: tag})
+    code = "import sys; from sim.realrun import main; sys.exit(main(sys.argv[1:]))"
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, str(SCENARIOS / "fidelity_partition_store_side.yaml"),
+         "--time-scale", "10"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    time.sleep(7.5)  # the cut: scenario 50..90 s, wall 5..9 s after the agents' 1.5 s lead
+    assert _namespaces_of(p.pid) != []
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and "interrupted" in err, err
+    assert _namespaces_of(p.pid) == []
+    # the tag fixture fails the test if an agent, worker or the store host is left
