@@ -18,13 +18,15 @@ The fault model (what etcd and a TCP store really do)
 * **Partition.**  A node cut off from the store stops renewing its leases (renewals are
   messages too): each expires ``ttl`` after the last renewal that reached the store
   before the cut, unless the link heals first, in which case renewals resume and nothing
-  expires.  A lease's owner renews it every ``ttl/3`` from its grant (both real clients
-  do: the network store's and etcd's), and from a heal (the renewal held by the cut goes
-  through then), so the last renewal is computed, not simulated (no event per renewal):
-  the lease expires between ``2/3 ttl`` and ``ttl`` after the cut, as measured against
-  real agents in network namespaces (``elastic compare`` on
-  ``scenarios/fidelity_partition_*.yaml``).  The store host's side keeps running and
-  expires them (etcd's leader and a TCPStore host both expire on their own clock).
+  expires.  A lease's owner renews it ``ttl/3`` after its grant's answer, and then
+  ``ttl/3`` after each renewal's answer (both real clients do: the network store's and
+  etcd's), so the store sees renewals every ``ttl/3`` plus a round trip; after a heal
+  they count from it (the renewal held by the cut goes through then).  The last renewal
+  is computed, not simulated (no event per renewal): the lease expires between ``2/3
+  ttl`` and ``ttl`` after the cut, as measured against real agents in network namespaces
+  (``elastic compare`` on ``scenarios/fidelity_partition_*.yaml``).  The store host's
+  side keeps running and expires them (etcd's leader and a TCPStore host both expire on
+  their own clock).
 * **Store outage.**  The store host is down: no lease expires while no store runs, and
   when it comes back every abandoned lease expires no sooner than ``ttl`` after its
   return (etcd's new leader extends every lease by its full TTL, ``lessor.Promote``).
@@ -170,8 +172,12 @@ class SimStoreClient:
             if origin is None or since is None:
                 lease.abandon()
                 continue
-            period = lease.ttl / 3
-            since(origin + ((now - origin) // period) * period)
+            # the store saw the grant (or the held renewal) at origin - latency, then one
+            # renewal per ttl/3 and round trip
+            lat = self.host.latency
+            period = lease.ttl / 3 + 2 * lat
+            base = origin - lat
+            since(base + ((now - base) // period) * period)
 
     def _heal_leases(self) -> None:
         alive = []
@@ -180,7 +186,8 @@ class SimStoreClient:
             if lease.alive() and resume is not None:
                 resume()
                 alive.append(lease)
-                self._renewing_since[lease.id] = self.host.clock.now()
+                # the held renewal reaches the store now; its answer, a latency later
+                self._renewing_since[lease.id] = self.host.clock.now() + self.host.latency
         self._leases = alive
 
     async def _link(self) -> None:
@@ -256,7 +263,7 @@ class SimStoreClient:
             return inner
 
         lease = _ClientLease(self, await self._call(grant))
-        self._renewing_since[lease.id] = self.host.clock.now()  # the owner's first renewal
+        self._renewing_since[lease.id] = self.host.clock.now()  # the grant's answer
         return lease
 
     async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
