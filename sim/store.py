@@ -18,13 +18,13 @@ The fault model (what etcd and a TCP store really do)
 * **Partition.**  A node cut off from the store stops renewing its leases (renewals are
   messages too): each expires ``ttl`` after the last renewal that reached the store
   before the cut, unless the link heals first, in which case renewals resume and nothing
-  expires.  A lease's owner renews it ``ttl/3`` after its grant's answer, and then
-  ``ttl/3`` after each renewal's answer (both real clients do: the network store's and
-  etcd's), so the store sees renewals every ``ttl/3`` plus a round trip; after a heal
-  they count from it (the renewal held by the cut goes through then).  The last renewal
-  is computed, not simulated (no event per renewal): the lease expires between ``2/3
-  ttl`` and ``ttl`` after the cut, as measured against real agents in network namespaces
-  (``elastic compare`` on ``scenarios/fidelity_partition_*.yaml``).  The store host's
+  expires.  A lease's owner renews it on a fixed schedule, every ``ttl/3`` from its
+  grant's answer (both real clients do: the network store's and etcd's); a renewal held
+  by the cut past the next one's time restarts the schedule at its answer, after the
+  heal.  The last renewal is computed, not simulated (no event per renewal): the lease
+  expires between ``2/3 ttl`` and ``ttl`` after the cut, as measured against real
+  agents in network namespaces (``elastic compare`` on
+  ``scenarios/fidelity_partition_*.yaml``).  The store host's
   side keeps running and expires them (etcd's leader and a TCPStore host both expire on
   their own clock).
 * **Store outage.**  The store host is down: no lease expires while no store runs, and
@@ -121,7 +121,9 @@ class SimStoreClient:
         self.host = host
         self.node = node
         self._leases: list[Lease] = []
-        self._renewing_since: dict[int, float] = {}  # lease id -> its renewals' origin
+        # lease id -> its renewals' schedule: they leave at origin + n * ttl/3 (n >= 1)
+        self._renewing_since: dict[int, float] = {}
+        self._cut_at = 0.0
         self._cut_until: OneShot | None = None
         self.dead = False
 
@@ -137,6 +139,7 @@ class SimStoreClient:
     # -- faults ------------------------------------------------------------------------
     def partition_start(self) -> None:
         if self._cut_until is None:
+            self._cut_at = self.host.clock.now()
             self._cut_until = self.host.clock.event()
             self._cut_leases()
 
@@ -172,12 +175,12 @@ class SimStoreClient:
             if origin is None or since is None:
                 lease.abandon()
                 continue
-            # the store saw the grant (or the held renewal) at origin - latency, then one
-            # renewal per ttl/3 and round trip
+            # renewal n leaves at origin + n * period and reaches the store a latency
+            # later; the grant (n = 0) reached it a latency before its answer
             lat = self.host.latency
-            period = lease.ttl / 3 + 2 * lat
-            base = origin - lat
-            since(base + ((now - base) // period) * period)
+            period = lease.ttl / 3
+            n = (now - lat - origin) // period
+            since(origin + n * period + lat if n >= 1 else origin - lat)
 
     def _heal_leases(self) -> None:
         alive = []
@@ -186,9 +189,21 @@ class SimStoreClient:
             if lease.alive() and resume is not None:
                 resume()
                 alive.append(lease)
-                # the held renewal reaches the store now; its answer, a latency later
-                self._renewing_since[lease.id] = self.host.clock.now() + self.host.latency
+                self._reschedule(lease)
         self._leases = alive
+
+    def _reschedule(self, lease: Lease) -> None:
+        """At a heal: the renewal the cut held (the first due after the cut) reaches the
+        store now, and is answered a latency later; if that is past the next one's time,
+        the schedule restarts at the answer (``NetLease._renew_forever``)."""
+        origin = self._renewing_since.get(lease.id)
+        if origin is None:
+            return
+        now, period = self.host.clock.now(), lease.ttl / 3
+        held = origin + max(1.0, -((origin - self._cut_at) // period)) * period
+        answer = now + self.host.latency
+        if held <= now and answer >= held + period:
+            self._renewing_since[lease.id] = answer
 
     async def _link(self) -> None:
         """Wait until a message on this node's link gets through."""

@@ -146,18 +146,29 @@ def test_a_cut_off_lease_expires_ttl_after_its_last_renewal_every_third_of_the_t
     assert "k" not in _keys(host)
 
 
-def test_after_a_heal_the_renewals_count_from_the_heal() -> None:
-    # cut 3..9 (healed within the ttl: the held renewal goes through at 9), so renewals
-    # are at 9, 14, 19...; cut again at 21: the last was at 19, the lease ends at 34
+@pytest.mark.parametrize(
+    ("heal", "expiry"),
+    [
+        # the renewal due at 5 is held until 9, before the next is due (10): the schedule
+        # goes on (10, 15, 20); cut again at 22, the last was at 20: the lease ends at 35
+        (9.0, 35.0),
+        # held until 11, past the next one's time: renewals restart from 11 (16, 21);
+        # cut again at 22, the last was at 21: the lease ends at 36
+        (11.0, 36.0),
+    ],
+)
+def test_a_renewal_held_past_the_next_ones_time_restarts_the_schedule(
+    heal: float, expiry: float
+) -> None:
     clock, host = _host()
     a = host.client("a")
     clock.spawn(_hold_lease(a, "k"))
     _at(clock, 3.0, a.partition_start)
-    _at(clock, 9.0, a.partition_end)
-    _at(clock, 21.0, a.partition_start)
-    clock.env.run(until=33.9)
+    _at(clock, heal, a.partition_end)
+    _at(clock, 22.0, a.partition_start)
+    clock.env.run(until=expiry - 0.1)
     assert "k" in _keys(host)
-    clock.env.run(until=34.1)
+    clock.env.run(until=expiry + 0.1)
     assert "k" not in _keys(host)
 
 
