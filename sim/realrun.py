@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-Every node of the scenario is a real ``elastic run`` agent process on loopback; its
-workers run the model worker (:mod:`elastic.real.model_worker`), which trains as the
-scenario's ``job:`` says.  The agents meet through the c10d network store, hosted in a
+Every node of the scenario is a real ``elastic run`` agent process on loopback (in a
+network namespace of its own when the scenario cuts links, see below); its workers run
+the model worker (:mod:`elastic.real.model_worker`), which trains as the scenario's
+``job:`` says.  The agents meet through the c10d network store, hosted in a
 process of its own (:mod:`elastic.real.netstore_host`, every agent a client through
 ``is_host=false``): as in the simulator, the store host is a machine of its own, so a
 ``store_outage`` (SIGSTOP … SIGCONT of that process) stops no agent, and a crash of
@@ -662,7 +663,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="elastic real",
         description="Run a YAML scenario on real processes: one `elastic run` agent per "
-        "node on loopback, model workers, faults injected for real.",
+        "node on loopback (each in a network namespace of its own when the scenario has a "
+        "network_partition: needs root), model workers, faults injected for real.",
     )
     p.add_argument("scenario", help="the scenario file (YAML)")
     p.add_argument(
