@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from elastic.events import AgentEvent
+from elastic.events import AgentEvent, kinds
 
 __all__ = [
     "ALL_CHECKS",
@@ -36,7 +36,7 @@ def one_world_per_round(events: Sequence[AgentEvent]) -> list[str]:
     sizes: dict[int, set[int]] = defaultdict(set)
     ranks: dict[int, list[int]] = defaultdict(list)
     for e in events:
-        if e.kind == "RENDEZVOUS":
+        if e.kind == kinds.RENDEZVOUS:
             r = int(e.fields["round"])
             sizes[r].add(int(e.fields["group_world_size"]))
             ranks[r].append(int(e.fields["group_rank"]))
@@ -59,9 +59,9 @@ def ranks_contiguous(events: Sequence[AgentEvent]) -> list[str]:
     round_of: dict[object, int] = {}
     complete: set[int] = set()
     for e in events:
-        if e.kind == "RENDEZVOUS":
+        if e.kind == kinds.RENDEZVOUS:
             round_of[e.node] = int(e.fields["round"])
-        elif e.kind == "agent.group_started":
+        elif e.kind == kinds.AGENT_GROUP_STARTED:
             r = round_of.get(e.node, -1)
             by_round[r].extend(int(x) for x in e.fields.get("ranks", []))
             worlds[r].add(int(e.fields["world_size"]))
@@ -87,13 +87,13 @@ def stop_before_start(events: Sequence[AgentEvent]) -> list[str]:
     running: dict[object, bool] = {}
     out = []
     for e in events:
-        if e.kind == "agent.start" or e.kind == "sim.node_restart":
+        if e.kind == kinds.AGENT_START or e.kind == "sim.node_restart":
             running[e.node] = False
-        elif e.kind == "agent.group_started":
+        elif e.kind == kinds.AGENT_GROUP_STARTED:
             if running.get(e.node):
                 out.append(f"t={e.t:g} node {e.node}: a group started while the previous one ran")
             running[e.node] = True
-        elif e.kind in ("agent.group_stopped", "torchelastic.worker.status.SUCCEEDED"):
+        elif e.kind in (kinds.AGENT_GROUP_STOPPED, kinds.WORKER_SUCCEEDED):
             running[e.node] = False
         elif e.kind == "sim.fault" and e.fields.get("fault") == "node_crash":
             running[e.fields.get("target")] = False
@@ -105,10 +105,13 @@ def budget_kept(events: Sequence[AgentEvent]) -> list[str]:
     spent: dict[object, int] = {}
     out = []
     for e in events:
-        if e.kind == "agent.start":
+        if e.kind == kinds.AGENT_START:
             budget[e.node] = int(e.fields.get("max_restarts", 0))
             spent[e.node] = 0
-        elif e.kind == "agent.restart" and e.fields.get("reason") in ("failure", "unhealthy"):
+        elif e.kind == kinds.AGENT_RESTART and e.fields.get("reason") in (
+            kinds.RESTART_FAILURE,
+            kinds.RESTART_UNHEALTHY,
+        ):
             spent[e.node] = spent.get(e.node, 0) + 1
             if spent[e.node] > budget.get(e.node, 0):
                 out.append(
@@ -121,9 +124,9 @@ def budget_kept(events: Sequence[AgentEvent]) -> list[str]:
 def every_agent_ends(events: Sequence[AgentEvent]) -> list[str]:
     live: dict[object, float] = {}
     for e in events:
-        if e.kind == "agent.start":
+        if e.kind == kinds.AGENT_START:
             live[e.node] = e.t
-        elif e.kind == "agent.finish":
+        elif e.kind == kinds.AGENT_FINISH:
             live.pop(e.node, None)
         elif e.kind == "sim.fault" and e.fields.get("fault") in ("node_crash",):
             live.pop(e.fields.get("target"), None)

@@ -25,11 +25,13 @@ from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from elastic.errors import ConfigError
+from elastic.events import kinds
 from sim.calibration import apply_calibration, load_calibration, scenario_calibration
 from sim.expect import check
 from sim.losses import summary_rows
 from sim.run import simulate
-from sim.scenario import Scenario, load_scenario
+from sim.scenario.model import Scenario
+from sim.scenario.reader import load_scenario
 
 __all__ = ["main", "report_main"]
 
@@ -341,10 +343,10 @@ def main(argv: Sequence[str]) -> int:
 #: Event kinds the timeline plot draws (the rest of a large log is not kept for it).
 PLOT_KINDS = frozenset(
     {
-        "agent.group_started",
-        "agent.group_stopped",
-        "agent.finish",
-        "agent.refused_start",
+        kinds.AGENT_GROUP_STARTED,
+        kinds.AGENT_GROUP_STOPPED,
+        kinds.AGENT_FINISH,
+        kinds.AGENT_REFUSED_START,
         "sim.fault",
         "sim.world_running",
         "sim.progress",
