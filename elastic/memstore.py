@@ -79,12 +79,25 @@ class _Lease(Lease):
         return self.state != "expired"
 
     def abandon(self) -> None:
+        self.abandon_since(None)
+
+    def abandon_since(self, renewed_at: float | None) -> None:
+        """The owner's renewals stopped reaching the store: the lease expires ``ttl`` after
+        the last one that did (``renewed_at``, not later than now; None: now)."""
         if self.state != "alive":
             return
         self.state = "abandoned"
         self._gen += 1
-        self.expires_at = self._store._clock.now() + self.ttl
-        self._store._clock.spawn(self._expire_later(self._gen), name=f"lease-{self.id}-expiry")
+        now = self._store._clock.now()
+        first = self.ttl
+        if renewed_at is not None and renewed_at < now:
+            first = max(0.0, renewed_at + self.ttl - now)
+            self.expires_at = renewed_at + self.ttl
+        else:
+            self.expires_at = now + self.ttl
+        self._store._clock.spawn(
+            self._expire_later(self._gen, first), name=f"lease-{self.id}-expiry"
+        )
 
     def resume(self) -> None:
         """The owner's renewals reach the store again (a healed partition)."""
@@ -112,10 +125,10 @@ class _Lease(Lease):
             return
         self.expires_at = now + self.ttl
 
-    async def _expire_later(self, gen: int) -> None:
+    async def _expire_later(self, gen: int, first: float) -> None:
         store = self._store
         clock = store._clock
-        await clock.sleep(self.ttl)
+        await clock.sleep(first)
         while self._gen == gen and self.state == "abandoned":
             if store._expiry_paused is not None:
                 await store._expiry_paused.wait()  # no store runs: nothing expires
