@@ -14,7 +14,7 @@ from typing import Any
 
 from simpy.events import AnyOf
 
-from elastic.events import AgentEvent, EventSink, ListSink, TeeSink
+from elastic.events import AgentEvent, EventSink, ListSink
 from elastic.rendezvous import get_rendezvous_handler
 from elastic.rendezvous.api import RendezvousContext, RendezvousHandler, RendezvousParameters
 from sim.calibration import Calibration, ModelLatencies
@@ -156,7 +156,7 @@ def simulate(
         sinks.append(sink)
     if kept is not None:
         sinks.append(kept)
-    events: EventSink = sinks[0] if len(sinks) == 1 else TeeSink(*sinks)
+    events = _RunSinks(sinks)
     job = sc.job
     model = JobModel(
         steps=job.steps,
@@ -209,12 +209,32 @@ def simulate(
         best_step=training.best_step,
         unobserved_errors=unobserved,
     )
+    # the log ends here: the agents' coroutines still suspended are closed whenever the
+    # garbage collector frees them (their ``finally`` stops groups and emits), during a
+    # later run of the same process; what they say must not reach this run's sinks
+    events.close()
     # the ticker's own events (its timeouts and its process' start) are not the run's
     sim_events = next(clock.env._eid) - (ticks[0] + 1 if progress is not None else 0)
     report = report_sink.result()
     report["sim_events"] = sim_events
     report["wall_s"] = round(time.perf_counter() - wall0, 3)
     return SimResult(report, kept.events if kept is not None else None, faults, unobserved)
+
+
+class _RunSinks:
+    """One run's sinks, fed every event until :meth:`close` (the run's ``sim.end``)."""
+
+    __slots__ = ("_sinks",)
+
+    def __init__(self, sinks: list[EventSink]) -> None:
+        self._sinks: tuple[EventSink, ...] = tuple(sinks)
+
+    def emit(self, event: AgentEvent) -> None:
+        for s in self._sinks:
+            s.emit(event)
+
+    def close(self) -> None:
+        self._sinks = ()
 
 
 def _ticker(

@@ -849,6 +849,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 self._ek(r - 1, "next"),
             ):
                 await self._store.delete(key)
+            # and the rest of round r-1: its members, wait and redundancy lists and round
+            # store (master address, rank exchange), one operation each where the store
+            # can (the simulator's and the in-memory store); kept, a 54-day job's store
+            # grew by every round it ran (3 keys per node per round)
+            await _delete_prefix(self._store, self._rk(r - 1, ""))
+            await _delete_prefix(self._round_store, f"{self._base}/s/{r - 1}/")
 
     async def _close(self) -> None:
         while True:
@@ -884,6 +890,16 @@ class DynamicRendezvousHandler(RendezvousHandler):
             f"'{self.get_run_id()}' after join_timeout={self._core.join_timeout:g}s{joined}; "
             "start more nodes or raise join_timeout in --rdzv-conf."
         )
+
+
+async def _delete_prefix(store: Store, prefix: str) -> None:
+    """Delete the keys under ``prefix`` if ``store`` can in one operation
+    (``delete_prefix``: :class:`elastic.memstore.MemoryStore`, the simulator's store);
+    a store without it (the TCP store, etcd, a torch backend) keeps them, as torch's
+    TCPStore keeps every round's keys."""
+    drop = getattr(store, "delete_prefix", None)
+    if drop is not None:
+        await drop(prefix)
 
 
 def _get_timeout(params: RendezvousParameters, key: str) -> timedelta | None:
