@@ -180,10 +180,16 @@ class _LogSink:
         self.error: OSError | None = None
         if path is not None:
             try:
-                fd, self._tmp = tempfile.mkstemp(
-                    prefix=".events-", suffix=".partial", dir=os.path.dirname(os.path.abspath(path))
-                )
-                self._file = os.fdopen(fd, "wb")
+                if os.path.exists(path) and not os.path.isfile(path):
+                    # a pipe or a terminal (/dev/stdout): written as it happens, in place
+                    self._file = open(path, "wb")  # noqa: SIM115  # closed by commit/discard
+                else:
+                    fd, self._tmp = tempfile.mkstemp(
+                        prefix=".events-",
+                        suffix=".partial",
+                        dir=os.path.dirname(os.path.abspath(path)),
+                    )
+                    self._file = os.fdopen(fd, "wb")
             except OSError as e:
                 self.error = e
 
@@ -204,9 +210,11 @@ class _LogSink:
         try:
             if self.error is not None:
                 raise self.error
-            assert self._file is not None and self._tmp is not None
+            assert self._file is not None
             self._file.close()
             self._file = None
+            if self._tmp is None:
+                return None  # written in place
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(self._tmp, 0o666 & ~umask)  # as open() would have made it

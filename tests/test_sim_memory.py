@@ -18,8 +18,9 @@ from typing import Any, ClassVar
 import pytest
 
 import sim.run
-from elastic.events import ListSink
+from elastic.events import ListSink, TeeSink
 from elastic.memstore import MemoryStore
+from sim.checks import Checks, check_all
 from sim.report import build_report
 from sim.run import simulate
 from sim.scenario import load_scenario_text
@@ -85,9 +86,12 @@ def test_the_log_is_streamed_to_a_sink_and_kept_only_when_asked() -> None:
     plain = simulate(sc)
     with pytest.raises(ValueError, match="keep_events=True"):
         plain.events  # noqa: B018  # the property raises
-    sink = ListSink()
-    kept = simulate(sc, sink=sink, keep_events=True)
+    sink, checks = ListSink(), Checks()
+    kept = simulate(sc, sink=TeeSink(sink, checks), keep_events=True)
     assert [e.to_json() for e in kept.events] == [e.to_json() for e in sink.events]
+    # the invariant checkers fed as the run goes judge as they do over the whole log
+    assert checks.violations() == check_all(kept.events) == []
+    assert len(kept.events) > 100
     # the report fed as the run goes equals the report of the whole log
     streamed = {k: v for k, v in plain.report.items() if k not in ("wall_s", "sim_events")}
     whole = build_report(kept.events)
