@@ -843,18 +843,23 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return
         await self._store.set(self._ek(r, "next"), _dump({"version": _VERSION, "round": r + 1}))
         if r >= 1:  # nobody reads round r-1 any more (round r+1's decider reads round r)
-            for key in (
-                self._ek(r - 1, "result"),
-                self._rk(r - 1, "count"),
-                self._ek(r - 1, "next"),
-            ):
+            dropped = [
                 await self._store.delete(key)
-            # and the rest of round r-1: its members, wait and redundancy lists and round
-            # store (master address, rank exchange), one operation each where the store
-            # can (the simulator's and the in-memory store); kept, a 54-day job's store
-            # grew by every round it ran (3 keys per node per round)
-            await _delete_prefix(self._store, self._rk(r - 1, ""))
-            await _delete_prefix(self._round_store, f"{self._base}/s/{r - 1}/")
+                for key in (
+                    self._ek(r - 1, "result"),
+                    self._rk(r - 1, "count"),
+                    self._ek(r - 1, "next"),
+                )
+            ]
+            if dropped[0]:
+                # and the rest of round r-1: its members, wait and redundancy lists and
+                # round store (master address, rank exchange), one operation each where
+                # the store can (the simulator's and the in-memory store); kept, a 54-day
+                # job's store grew by every round it ran (3 keys per node per round).
+                # Only the member whose delete of the result took it does this (every
+                # member of round r comes here): two operations per round, not per node.
+                await _delete_prefix(self._store, self._rk(r - 1, ""))
+                await _delete_prefix(self._round_store, f"{self._base}/s/{r - 1}/")
 
     async def _close(self) -> None:
         while True:
