@@ -42,9 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from elastic.errors import ConfigError
-from elastic.events import AgentEvent
+from elastic.events import AgentEvent, kinds
 from sim.calibration import Calibration
-from sim.scenario import Scenario, Store, load_scenario_text
+from sim.scenario.model import Scenario, Store
+from sim.scenario.reader import load_scenario_text
 
 __all__ = ["CALIBRATION_SCENARIO", "main", "measure", "phases"]
 
@@ -80,7 +81,7 @@ def phases(events: Sequence[AgentEvent], startup_time: float, k: float) -> dict[
     restart_at: dict[Any, float] = {}
     crash_at: dict[tuple[Any, Any], float] = {}
     for e in evs:
-        if e.kind == "RENDEZVOUS":
+        if e.kind == kinds.RENDEZVOUS:
             last_rdzv[e.node] = e.t
             if int(e.fields.get("round", 0)) > 0 and "duration_ms" in e.fields:
                 out["rdzv_s"].append(float(e.fields["duration_ms"]) / 1000)
@@ -89,15 +90,15 @@ def phases(events: Sequence[AgentEvent], startup_time: float, k: float) -> dict[
             # what a recovery waits for, so the sample is per world, after the round's
             # last agent finished it
             out["spawn_s"].append((e.t - startup_time - max(last_rdzv.values())) / k)
-        elif e.kind == "agent.restart":
+        elif e.kind == kinds.AGENT_RESTART:
             restart_at[e.node] = e.t
-        elif e.kind == "agent.group_stopped" and e.node in restart_at:
+        elif e.kind == kinds.AGENT_GROUP_STOPPED and e.node in restart_at:
             out["stop_s"].append((e.t - restart_at.pop(e.node)) / k)
-        elif e.kind == "ASSIGN_WORKER_RANKS" and "duration_ms" in e.fields:
+        elif e.kind == kinds.ASSIGN_WORKER_RANKS and "duration_ms" in e.fields:
             out["assign_s"].append(float(e.fields["duration_ms"]) / 1000)
         elif e.kind == "model.crash":
             crash_at[(e.node, e.rank)] = e.t
-        elif e.kind == "torchelastic.worker.status.FAILED" and (e.node, e.rank) in crash_at:
+        elif e.kind == kinds.WORKER_FAILED and (e.node, e.rank) in crash_at:
             out["reaction_s"].append((e.t - crash_at.pop((e.node, e.rank))) / k)
     return out
 
@@ -197,7 +198,7 @@ def assign_round_trips(sc: Scenario) -> float:
     durations = [
         float(e.fields["duration_ms"]) / 1000
         for e in result.events
-        if e.kind == "ASSIGN_WORKER_RANKS" and "duration_ms" in e.fields
+        if e.kind == kinds.ASSIGN_WORKER_RANKS and "duration_ms" in e.fields
     ]
     return max(1.0, round(_median(durations) / (2 * latency), 2))
 

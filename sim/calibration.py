@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic.errors import ConfigError
-from sim.scenario import Scenario, Store
+from sim.scenario.model import Scenario, Store
 
 __all__ = [
     "MAX_CALIBRATION_BYTES",

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from elastic.events import AgentEvent
+from elastic.events import AgentEvent, kinds
 
 __all__ = [
     "ALL_CHECKS",
@@ -41,7 +41,7 @@ class _OneWorldPerRound:
         self.ranks: dict[int, list[int]] = defaultdict(list)
 
     def emit(self, e: AgentEvent) -> None:
-        if e.kind == "RENDEZVOUS":
+        if e.kind == kinds.RENDEZVOUS:
             r = int(e.fields["round"])
             self.sizes[r].add(int(e.fields["group_world_size"]))
             self.ranks[r].append(int(e.fields["group_rank"]))
@@ -69,9 +69,9 @@ class _RanksContiguous:
         self.complete: set[int] = set()
 
     def emit(self, e: AgentEvent) -> None:
-        if e.kind == "RENDEZVOUS":
+        if e.kind == kinds.RENDEZVOUS:
             self.round_of[e.node] = int(e.fields["round"])
-        elif e.kind == "agent.group_started":
+        elif e.kind == kinds.AGENT_GROUP_STARTED:
             r = self.round_of.get(e.node, -1)
             self.by_round[r].extend(int(x) for x in e.fields.get("ranks", []))
             self.worlds[r].add(int(e.fields["world_size"]))
@@ -105,15 +105,15 @@ class _StopBeforeStart:
 
     def emit(self, e: AgentEvent) -> None:
         running = self.running
-        if e.kind == "agent.start" or e.kind == "sim.node_restart":
+        if e.kind == kinds.AGENT_START or e.kind == "sim.node_restart":
             running[e.node] = False
-        elif e.kind == "agent.group_started":
+        elif e.kind == kinds.AGENT_GROUP_STARTED:
             if running.get(e.node):
                 self.out.append(
                     f"t={e.t:g} node {e.node}: a group started while the previous one ran"
                 )
             running[e.node] = True
-        elif e.kind in ("agent.group_stopped", "torchelastic.worker.status.SUCCEEDED"):
+        elif e.kind in (kinds.AGENT_GROUP_STOPPED, kinds.WORKER_SUCCEEDED):
             running[e.node] = False
         elif e.kind == "sim.fault" and e.fields.get("fault") == "node_crash":
             running[e.fields.get("target")] = False
@@ -130,10 +130,13 @@ class _BudgetKept:
 
     def emit(self, e: AgentEvent) -> None:
         budget, spent = self.budget, self.spent
-        if e.kind == "agent.start":
+        if e.kind == kinds.AGENT_START:
             budget[e.node] = int(e.fields.get("max_restarts", 0))
             spent[e.node] = 0
-        elif e.kind == "agent.restart" and e.fields.get("reason") in ("failure", "unhealthy"):
+        elif e.kind == kinds.AGENT_RESTART and e.fields.get("reason") in (
+            kinds.RESTART_FAILURE,
+            kinds.RESTART_UNHEALTHY,
+        ):
             spent[e.node] = spent.get(e.node, 0) + 1
             if spent[e.node] > budget.get(e.node, 0):
                 self.out.append(
@@ -151,9 +154,9 @@ class _EveryAgentEnds:
         self.ended_by_until = False
 
     def emit(self, e: AgentEvent) -> None:
-        if e.kind == "agent.start":
+        if e.kind == kinds.AGENT_START:
             self.live[e.node] = e.t
-        elif e.kind == "agent.finish":
+        elif e.kind == kinds.AGENT_FINISH:
             self.live.pop(e.node, None)
         elif e.kind == "sim.fault" and e.fields.get("fault") in ("node_crash",):
             self.live.pop(e.fields.get("target"), None)

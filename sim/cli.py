@@ -31,7 +31,8 @@ from sim.calibration import apply_calibration, load_calibration, scenario_calibr
 from sim.expect import check
 from sim.losses import summary_rows
 from sim.run import SimResult, simulate
-from sim.scenario import Scenario, load_scenario
+from sim.scenario.model import Scenario
+from sim.scenario.reader import load_scenario
 
 __all__ = ["main", "report_main"]
 

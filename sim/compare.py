@@ -24,7 +24,9 @@ from typing import Any
 from elastic.errors import ConfigError
 from elastic.events import AgentEvent
 from sim.calibration import Calibration, load_calibration, scenario_calibration
-from sim.scenario import Scenario, expand_faults, fault_rng, load_scenario
+from sim.scenario.expand import expand_faults, fault_rng
+from sim.scenario.model import Scenario
+from sim.scenario.reader import load_scenario
 
 __all__ = ["Comparison", "compare", "fault_recoveries", "main"]
 

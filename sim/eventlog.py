@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from elastic.errors import ConfigError
-from elastic.events import AgentEvent
+from elastic.events import AgentEvent, kinds
 
 __all__ = [
     "FIELD_TYPES",
@@ -66,11 +66,11 @@ _STR = "a string"
 FIELD_TYPES: dict[str, dict[str, str]] = {
     "sim.start": {"name": _STR, "seed": _INT, "step_time": _NUM, "steps": _NONNEG},
     "sim.end": {"reason": _STR, "steps_done": _NONNEG, "final_nodes": _NONNEG},
-    "agent.finish": {"state": _STR, "restarts": _NONNEG, "rounds": _NONNEG},
-    "agent.restart": {"reason": _STR, "remaining_restarts": _NONNEG},
-    "agent.group_started": {"world_size": _NONNEG, "attempt": _NONNEG},
-    "agent.group_stopped": {"attempt": _NONNEG},
-    "RENDEZVOUS": {"round": _NONNEG},
+    kinds.AGENT_FINISH: {"state": _STR, "restarts": _NONNEG, "rounds": _NONNEG},
+    kinds.AGENT_RESTART: {"reason": _STR, "remaining_restarts": _NONNEG},
+    kinds.AGENT_GROUP_STARTED: {"world_size": _NONNEG, "attempt": _NONNEG},
+    kinds.AGENT_GROUP_STOPPED: {"attempt": _NONNEG},
+    kinds.RENDEZVOUS: {"round": _NONNEG},
     "sim.progress": {"steps": _NONNEG, "ckpt_step": _NONNEG},
     "sim.world_running": {"from_step": _NONNEG},
     "sim.fault": {"fault": _STR},

@@ -45,22 +45,10 @@ from typing import Any
 import yaml
 
 from sim.durations import format_duration
-from sim.scenario import (
-    MAX_EXPANDED_FAULTS,
-    MAX_SECONDS,
-    Cluster,
-    FaultKind,
-    RateFault,
-    _Choice,
-    _Ctx,
-    _describe_node,
-    _Duration,
-    _Map,
-    _param_reader,
-    _Real,
-    _show,
-    _Text,
-)
+from sim.scenario.limits import MAX_EXPANDED_FAULTS, MAX_SECONDS
+from sim.scenario.model import Cluster, FaultKind, RateFault
+from sim.scenario.reader import param_reader
+from sim.scenario.walker import Choice, Ctx, Duration, Map, Real, Text, describe_node, show
 
 __all__ = [
     "PRESETS",
@@ -312,21 +300,21 @@ class _Kind(enum.StrEnum):
 assert {k.value for k in _Kind} == {k.value for k in FAILURE_KINDS}
 
 
-def read_failures(ctx: _Ctx, node: yaml.Node, cluster: Cluster, until: float) -> FailureModel:
+def read_failures(ctx: Ctx, node: yaml.Node, cluster: Cluster, until: float) -> FailureModel:
     """Read ``failures:`` (a preset's name or a mapping); refuse it in one line if bad."""
     path = "failures"
     if isinstance(node, yaml.ScalarNode):
-        name = _Text().read(ctx, node, path)
+        name = Text().read(ctx, node, path)
         model = PRESETS.get(name)
         if model is None:
             raise ctx.error(
                 node,
                 path,
-                f"got {_show(name)}; expected a preset ({', '.join(sorted(PRESETS))}) or a "
+                f"got {show(name)}; expected a preset ({', '.join(sorted(PRESETS))}) or a "
                 "mapping with unexpected: and/or planned:",
             )
     else:
-        m = _Map(ctx, node, path, "a preset name or a mapping with unexpected: and/or planned:")
+        m = Map(ctx, node, path, "a preset name or a mapping with unexpected: and/or planned:")
         m.check_keys(_MODEL_KEYS, "one of", {})
         streams = {key: _stream(ctx, m, key) for key in _MODEL_KEYS}
         if not any(streams.values()):
@@ -343,17 +331,17 @@ def read_failures(ctx: _Ctx, node: yaml.Node, cluster: Cluster, until: float) ->
     return model
 
 
-def _stream(ctx: _Ctx, top: _Map, key: str) -> Stream | None:
+def _stream(ctx: Ctx, top: Map, key: str) -> Stream | None:
     m = top.section(key, "a mapping with mtbf:, per: and categories:")
     if m is None:
         return None
     m.check_keys(_STREAM_KEYS, "one of", {})
-    mtbf = m.req("mtbf", _Duration(positive=True))
-    per = m.get("per", _Choice(Unit), Unit.NODE)
+    mtbf = m.req("mtbf", Duration(positive=True))
+    per = m.get("per", Choice(Unit), Unit.NODE)
     node = m.value_node("categories")
     path = m.sub("categories")
     if not isinstance(node, yaml.SequenceNode) or not node.value:
-        shown = "nothing" if node is None else _describe_node(node)
+        shown = "nothing" if node is None else describe_node(node)
         raise ctx.error(
             node or m.node,
             path,
@@ -372,12 +360,12 @@ def _stream(ctx: _Ctx, top: _Map, key: str) -> Stream | None:
     return Stream(mtbf=mtbf, per=per, categories=categories)
 
 
-def _category(ctx: _Ctx, node: yaml.Node, path: str) -> Category:
-    m = _Map(ctx, node, path, "a category mapping like {name: nic, weight: 7, kind: node_crash}")
+def _category(ctx: Ctx, node: yaml.Node, path: str) -> Category:
+    m = Map(ctx, node, path, "a category mapping like {name: nic, weight: 7, kind: node_crash}")
     m.check_keys(_CATEGORY_KEYS, "a key of a failure category", {})
-    name = m.req("name", _Text())
-    kind = FaultKind(m.req("kind", _Choice(_Kind)).value)
-    weight = m.get("weight", _Real(0.0, 1e12, lo_open=True), 1.0)
+    name = m.req("name", Text())
+    kind = FaultKind(m.req("kind", Choice(_Kind)).value)
+    weight = m.get("weight", Real(0.0, 1e12, lo_open=True), 1.0)
     for needed in _CATEGORY_NEEDS.get(kind, ()):
         if m.value_node(needed) is None:
             raise ctx.error(m.node, m.sub(needed), f"missing; a {kind.value} failure needs it")
@@ -398,9 +386,9 @@ def _category(ctx: _Ctx, node: yaml.Node, path: str) -> Category:
         kind=kind,
         weight=weight,
         repair=repair,
-        notice=m.opt("notice", _param_reader("notice", widest)),
-        factor=m.opt("factor", _param_reader("factor", widest)),
-        exit_code=m.opt("exit_code", _param_reader("exit_code", widest)),
+        notice=m.opt("notice", param_reader("notice", widest)),
+        factor=m.opt("factor", param_reader("factor", widest)),
+        exit_code=m.opt("exit_code", param_reader("exit_code", widest)),
     )
 
 
@@ -412,26 +400,26 @@ _DIST_KEYS: dict[Distribution, tuple[str, ...]] = {
 }
 
 
-def _repair(ctx: _Ctx, node: yaml.Node, path: str) -> Repair:
+def _repair(ctx: Ctx, node: yaml.Node, path: str) -> Repair:
     if not isinstance(node, yaml.MappingNode):
-        return Repair(Distribution.FIXED, _Duration().read(ctx, node, path))
-    m = _Map(ctx, node, path, "")
-    dist = m.req("dist", _Choice(Distribution))
+        return Repair(Distribution.FIXED, Duration().read(ctx, node, path))
+    m = Map(ctx, node, path, "")
+    dist = m.req("dist", Choice(Distribution))
     keys = _DIST_KEYS[dist]
     m.check_keys(("dist", *keys), f"a key of a {dist.value} repair time", {})
     if dist is Distribution.LOGNORMAL:
         return Repair(
-            dist, m.req("median", _Duration(positive=True)), m.req("sigma", _Real(0.0, 10.0))
+            dist, m.req("median", Duration(positive=True)), m.req("sigma", Real(0.0, 10.0))
         )
     if dist is Distribution.UNIFORM:
-        low = m.req("min", _Duration())
-        high = m.req("max", _Duration())
+        low = m.req("min", Duration())
+        high = m.req("max", Duration())
         if high < low:
             raise ctx.error(
                 m.line_of("max"), m.sub("max"), f"got {format_duration(high)}; expected ≥ min"
             )
         return Repair(dist, low, high)
-    return Repair(dist, m.req(keys[0], _Duration(positive=dist is Distribution.EXPONENTIAL)))
+    return Repair(dist, m.req(keys[0], Duration(positive=dist is Distribution.EXPONENTIAL)))
 
 
 def generate(

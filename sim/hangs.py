@@ -29,7 +29,7 @@ from elastic.agent.server import WorkerGroup
 from elastic.events import AgentEvent, EventSink
 from elastic.timer.driver import ClockTimerClient, TimerDriver
 from sim.clock import SimClock
-from sim.scenario import Scenario
+from sim.scenario.model import Scenario
 from sim.workers import SIGKILL_EXIT, SimWorker, Training, WState
 from sim.world import SimNode
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic.events import AgentEvent
+from elastic.events import AgentEvent, kinds
 
 __all__ = ["BUCKETS", "GAP_BUCKETS", "LostTime", "summary_rows"]
 
@@ -49,12 +49,12 @@ BUCKETS = (*GAP_BUCKETS, "rework", "checkpoint", "other")
 
 _REACTIONS = frozenset(
     {
-        "torchelastic.worker.status.FAILED",
-        "torchelastic.worker.status.TERMINATED",
-        "agent.membership_change",
-        "agent.unhealthy",
-        "agent.restart",
-        "agent.group_stopped",
+        kinds.WORKER_FAILED,
+        kinds.WORKER_TERMINATED,
+        kinds.AGENT_MEMBERSHIP_CHANGE,
+        kinds.AGENT_UNHEALTHY,
+        kinds.AGENT_RESTART,
+        kinds.AGENT_GROUP_STOPPED,
         "watchdog.kill_worker_process",
     }
 )
@@ -126,7 +126,7 @@ class LostTime:
                 gap.fault, gap.rejoin = fault, False
             else:
                 self.last_fault = fault
-        elif k == "agent.start":
+        elif k == kinds.AGENT_START:
             self.last_joiner = e.node
             if gap is not None:
                 gap.node_starts.append(e.t)
@@ -163,9 +163,9 @@ class LostTime:
         elif gap is not None:
             if k in _REACTIONS and gap.reaction is None:
                 gap.reaction = e.t
-            if k == "agent.group_stopped":
+            if k == kinds.AGENT_GROUP_STOPPED:
                 gap.stopped.append(e.t)
-            elif k == "RENDEZVOUS":
+            elif k == kinds.RENDEZVOUS:
                 gap.rounds.setdefault(int(f.get("round", -1)), e.t)
 
     def _close_run(self, end: float, finished: bool, timed_out: bool = False) -> None:

@@ -28,15 +28,9 @@ from typing import Any
 from elastic.errors import ConfigError
 from sim.expect import Expectation, ExpectedState, check
 from sim.run import simulate
-from sim.scenario import (
-    Fault,
-    RateFault,
-    Scenario,
-    expand_faults,
-    fault_rng,
-    load_scenario,
-    load_scenario_text,
-)
+from sim.scenario.expand import expand_faults, fault_rng
+from sim.scenario.model import Fault, RateFault, Scenario
+from sim.scenario.reader import load_scenario, load_scenario_text
 
 __all__ = ["Minimizer", "main"]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from elastic.events import AgentEvent
+from elastic.events import AgentEvent, kinds
 from sim.losses import LostTime
 
 __all__ = ["MAX_LANES", "Timeline", "plot_timeline"]
@@ -88,16 +88,16 @@ class Timeline:
         self.end = max(self.end, e.t)
         k, f = e.kind, e.fields
         open_ = self._open
-        if k == "RENDEZVOUS":
+        if k == kinds.RENDEZVOUS:
             self._round_of[e.node] = int(f.get("round", 0))
-        elif k == "agent.start":
+        elif k == kinds.AGENT_START:
             self.changes.append((e.t, e.node, _BETWEEN))
-        elif k == "agent.group_started":
+        elif k == kinds.AGENT_GROUP_STARTED:
             open_[e.node] = (e.t, self._round_of.get(e.node, int(f.get("attempt", 0))))
             self.changes.append((e.t, e.node, _RUNNING))
-        elif k in ("agent.group_stopped", "agent.finish", "agent.refused_start"):
+        elif k in (kinds.AGENT_GROUP_STOPPED, kinds.AGENT_FINISH, kinds.AGENT_REFUSED_START):
             self._close(open_, e.node, e.t)
-            out = k != "agent.group_stopped"
+            out = k != kinds.AGENT_GROUP_STOPPED
             self.changes.append((e.t, e.node, _DOWN if out else _BETWEEN))
         elif k == "sim.fault" and f.get("applied", True):
             # a fault that found nothing to hit (its node already down) is not drawn

@@ -65,7 +65,8 @@ from elastic.errors import ConfigError
 from elastic.events import AgentEvent, read_events
 from sim.report import build_report
 from sim.run import start_fields
-from sim.scenario import Fault, FaultKind, RendezvousBackend, Scenario, expand_faults, fault_rng
+from sim.scenario.expand import expand_faults, fault_rng
+from sim.scenario.model import Fault, FaultKind, RendezvousBackend, Scenario
 
 __all__ = ["RealResult", "main", "real_run", "refusal"]
 
@@ -593,7 +594,7 @@ def main(argv: Sequence[str]) -> int:
     """Run a scenario's cluster on real processes: one agent per node, faults for real."""
     from sim.cli import _human, _log_bytes
     from sim.expect import check
-    from sim.scenario import load_scenario
+    from sim.scenario.reader import load_scenario
 
     args = _parser().parse_args(list(argv))
     if not args.time_scale > 0:

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from elastic.events import AgentEvent
+from elastic.events import AgentEvent, kinds
 from sim.losses import LostTime
 
 __all__ = ["REPORT_KEYS", "ReportSink", "build_report"]
@@ -58,7 +58,7 @@ REPORT_KEYS = (
 
 
 _REAL_BREAKS = frozenset(
-    {"torchelastic.worker.status.FAILED", "agent.membership_change", "agent.unhealthy"}
+    {kinds.WORKER_FAILED, kinds.AGENT_MEMBERSHIP_CHANGE, kinds.AGENT_UNHEALTHY}
 )
 
 
@@ -113,11 +113,11 @@ class _Causes:
         k, f = e.kind, e.fields
         if k == "sim.fault" and "target" in f and f.get("applied", True):
             self.last_fault[f["target"]] = (str(f.get("fault", "fault")), e.t)
-        elif k == "agent.start":
+        elif k == kinds.AGENT_START:
             self.max_restarts[e.node] = _count(f.get("max_restarts"))
-        elif k == "torchelastic.worker.status.FAILED":
+        elif k == kinds.WORKER_FAILED:
             self.last_failure[e.node] = e
-        elif k == "agent.refused_start":
+        elif k == kinds.AGENT_REFUSED_START:
             fault = self.last_fault.get(e.node)
             by = f" by {fault[0]} at {fault[1]:.1f} s" if fault else ""
             reason = str(f.get("reason", "its agent refused to start its workers"))
@@ -125,10 +125,10 @@ class _Causes:
             self._add(
                 f"refused:{fault[0] if fault else ''}", f"node {e.node} excluded{by}: {reason}"
             )
-        elif k == "agent.rendezvous_error":
+        elif k == kinds.AGENT_RENDEZVOUS_ERROR:
             error = str(f.get("error", "rendezvous failed"))
             self._add(f"rdzv:{error.split(':', 1)[0]}", f"node {e.node}: {error}")
-        elif k == "agent.finish" and f.get("state") == "FAILED":
+        elif k == kinds.AGENT_FINISH and f.get("state") == "FAILED":
             budget = self.max_restarts.get(e.node)
             spent = _count(f.get("restarts"))
             failure = self.last_failure.get(e.node)
@@ -140,7 +140,7 @@ class _Causes:
                     f"failure: rank {failure.rank} exit code {ff.get('exit_code')} at "
                     f"{failure.t:.1f} s",
                 )
-        elif k == "agent.finish" and f.get("state") == "UNHEALTHY":
+        elif k == kinds.AGENT_FINISH and f.get("state") == "UNHEALTHY":
             self._add("unhealthy", f"node {e.node}: its workers hung (UNHEALTHY) past the budget")
 
     def result(self, state: str, end: dict[str, Any], start: dict[str, Any]) -> list[str]:
@@ -185,7 +185,7 @@ class ReportSink:
         # unhealthy verdict breaks the group, and the next group start ends the recovery;
         # both are followed until the log says which it is
         self.sim_rec = _Recoveries(frozenset({"sim.world_broken"}), "sim.world_running")
-        self.real_rec = _Recoveries(_REAL_BREAKS, "agent.group_started")
+        self.real_rec = _Recoveries(_REAL_BREAKS, kinds.AGENT_GROUP_STARTED)
         self.t0: float | None = None
         self.last_t = 0.0
         self.count = 0
@@ -224,23 +224,23 @@ class ReportSink:
         elif k == "sim.end":
             self.end = dict(e.fields)
             self.end_t = e.t
-        elif k == "agent.start":
+        elif k == kinds.AGENT_START:
             self.incarnation[e.node] = self.incarnation.get(e.node, 0) + 1
-        elif k == "agent.finish":
+        elif k == kinds.AGENT_FINISH:
             self.finish_states.add(str(e.fields.get("state")))
             self.finished_nodes.add(e.node)
             key = (e.node, self.incarnation.get(e.node, 0))
             self.restarts_by_agent[key] = int(e.fields.get("restarts", 0))
-        elif k == "agent.restart" and e.fields.get("reason") == "membership":
+        elif k == kinds.AGENT_RESTART and e.fields.get("reason") == kinds.RESTART_MEMBERSHIP:
             key = (e.node, self.incarnation.get(e.node, 0))
             self.membership_by_agent[key] = self.membership_by_agent.get(key, 0) + 1
-        elif k == "RENDEZVOUS":
+        elif k == kinds.RENDEZVOUS:
             self.rounds.add(int(e.fields.get("round", 0)))
-        elif k == "agent.group_started":
+        elif k == kinds.AGENT_GROUP_STARTED:
             self.world_size = int(e.fields.get("world_size", self.world_size))
             if not self.world_sizes or self.world_sizes[-1] != self.world_size:
                 self.world_sizes.append(self.world_size)
-        elif k in ("agent.unhealthy", "watchdog.kill_worker_process"):
+        elif k in (kinds.AGENT_UNHEALTHY, "watchdog.kill_worker_process"):
             self.hangs += 1
         self.sim_rec.see(k, e.t)
         self.real_rec.see(k, e.t)

@@ -20,8 +20,10 @@ from elastic.rendezvous.api import RendezvousContext, RendezvousHandler, Rendezv
 from sim.calibration import Calibration, ModelLatencies
 from sim.clock import SimClock
 from sim.gcpause import quiet_gc
+from sim.inject import apply_fault
 from sim.report import ReportSink
-from sim.scenario import Fault, FaultKind, RendezvousBackend, Scenario, expand_faults, fault_rng
+from sim.scenario.expand import expand_faults, fault_rng
+from sim.scenario.model import Fault, RendezvousBackend, Scenario
 from sim.store import SimStoreHost
 from sim.workers import JobModel, Training
 from sim.world import Cluster, SimNode
@@ -255,110 +257,4 @@ async def _drive_faults(c: Cluster, faults: list[Fault]) -> None:
             await clock.sleep(delay)
         if c.finished.is_set():
             return
-        _apply(c, f, i)
-
-
-def _apply(c: Cluster, f: Fault, index: int) -> None:
-    clock = c.clock
-    fields: dict[str, Any] = {"fault": f.kind.value, "index": index}
-    node = c.nodes.get(f.node) if f.node is not None else None
-    if f.node is not None:
-        fields["target"] = f.node
-    if f.category is not None:
-        fields["category"] = f.category  # from failures: (sim/failures.py), for the report
-    applied = True
-    k = f.kind
-    if k is FaultKind.WORKER_CRASH or k is FaultKind.WORKER_HANG:
-        group = node.workers.group if node is not None and node.alive and node.workers else None
-        lr = f.local_rank or 0
-        fields["local_rank"] = lr
-        if group is None:
-            applied = False
-        elif k is FaultKind.WORKER_CRASH:
-            applied = group.crash(lr, f.exit_code if f.exit_code is not None else 1)
-        else:
-            applied = group.hang(lr)
-    elif k is FaultKind.NODE_CRASH:
-        applied = node is not None and node.alive
-        if node is not None:
-            node.crash()
-            if f.restart_after is not None:
-                c.restart_later(node, f.restart_after)
-    elif k is FaultKind.NODE_JOIN:
-        count = f.count or 1
-        new = [c.add_node() for _ in range(count)]
-        fields["nodes"] = [n.id for n in new]
-        for n in new:
-            c.start_node(n)
-    elif k is FaultKind.NODE_LEAVE:
-        applied = node is not None and node.alive
-        if node is not None:
-            clock.spawn(node.leave(), name=f"leave-{node.id}")
-    elif k is FaultKind.PREEMPTION:
-        applied = node is not None and node.alive
-        if node is not None:
-            clock.spawn(_preempt(node, f.notice or 0.0), name=f"preempt-{node.id}")
-    elif k is FaultKind.STORE_OUTAGE:
-        c.host.outage_start()
-        clock.spawn(_later(c, f.duration or 0.0, c.host.outage_end), name="outage")
-    elif k is FaultKind.NETWORK_PARTITION:
-        targets = [c.nodes[i] for i in (f.nodes or ()) if i in c.nodes]
-        fields["nodes"] = [n.id for n in targets]
-        for n in targets:
-            if n.store is not None:
-                n.store.partition_start()
-            if n.workers is not None and n.workers.group is not None:
-                world = n.workers.group.world
-                world.break_("network_partition")
-        clock.spawn(_later(c, f.duration or 0.0, lambda: _heal(targets)), name="heal")
-    elif k is FaultKind.SLOW_NODE:
-        if f.node is not None:
-            c.training.set_slow(f.node, f.factor or 1.0)
-            if f.duration is not None:
-                nid = f.node
-                clock.spawn(
-                    _later(c, f.duration, lambda: c.training.set_slow(nid, 1.0)), name="unslow"
-                )
-    elif k is FaultKind.GPU_ERROR:
-        applied = node is not None and node.alive
-        if node is not None and node.alive:
-            node.gpu_bad = True
-            group = node.workers.group if node.workers else None
-            if group is not None:
-                group.crash(f.local_rank or 0, -6)
-            if f.restart_after is not None:
-                c.pending_starts += 1  # at once: see Cluster.restart_later
-                clock.spawn(_repair(c, node, f.restart_after), name=f"repair-{node.id}")
-    fields["applied"] = applied
-    c.emit("sim.fault", **fields)
-
-
-async def _later(c: Cluster, after: float, fn: Any) -> None:
-    await c.clock.sleep(after)
-    fn()
-
-
-def _heal(nodes: list[SimNode]) -> None:
-    for n in nodes:
-        if n.store is not None:
-            n.store.partition_end()
-
-
-async def _preempt(node: SimNode, notice: float) -> None:
-    await node.cluster.clock.sleep(notice)
-    await node.leave()
-
-
-async def _repair(c: Cluster, node: SimNode, after: float) -> None:
-    """The node with a bad GPU is taken out, repaired, and boots a fresh agent."""
-    try:
-        await c.clock.sleep(after)
-        node.gpu_bad = False
-        if node.alive:
-            node.crash()
-        if not c.finished.is_set():
-            c.emit("sim.node_restart", node=node.id)
-            c.start_node(node)
-    finally:
-        c.pending_starts -= 1
-        c.maybe_done()
+        apply_fault(c, f, i)

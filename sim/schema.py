@@ -2,16 +2,17 @@
 
 Editors validate and complete YAML against a JSON Schema (yaml-language-server, used by VS
 Code's and Neovim's YAML support, and JetBrains IDEs).  This module writes that schema from
-what :mod:`sim.scenario` reads, so the two cannot drift apart silently:
+what :mod:`sim.scenario.reader` reads, so the two cannot drift apart silently:
 
-- the keys come from the loader's tables: the top-level keys (``_TOP_KEYS``), each section's
-  keys (``_SECTIONS``), what each fault kind takes (``_KIND_FIELDS`` and ``_param_reader``)
+- the keys come from the loader's tables: the top-level keys (``TOP_KEYS``), each section's
+  keys (``SECTIONS``), what each fault kind takes (``KIND_FIELDS`` and ``param_reader``)
   and the report keys ``expect:`` accepts (:data:`sim.expect.EXPECT_KEYS`);
-- each value's type and bounds come from the loader's reader objects (``_Int``, ``_Duration``,
-  ``_Choice``, …), converted one to one by :func:`_reader_schema`; the readers of the section
-  keys, which the loader calls inline, are named in :data:`_SECTION_READERS`, and
-  tests/test_schema.py checks that this table covers the loader's keys exactly and that the
-  loader and the schema accept and refuse the same values at every bound.
+- each value's type and bounds come from the loader's reader objects
+  (:mod:`sim.scenario.walker`: ``Int``, ``Duration``, ``Choice``, …), converted one to one
+  by :func:`_reader_schema`; the readers of the section keys, which the loader calls
+  inline, are named in :data:`_SECTION_READERS`, and tests/test_schema.py checks that this
+  table covers the loader's keys exactly and that the loader and the schema accept and
+  refuse the same values at every bound.
 
 What a JSON Schema cannot say is left to the loader (which an editor does not run): the
 relations between keys (``min_nodes ≤ max_nodes``, a node index below the nodes that exist
@@ -34,9 +35,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from sim import failures as gen
-from sim import scenario as loader
 from sim.durations import DURATION_EXPECTED
 from sim.expect import COUNT_KEYS, EXPECT_KEYS, SECONDS_KEYS, ExpectedState
+from sim.scenario.limits import MAX_EXIT, MAX_FAULTS, MAX_NODES, MAX_NPROC, MAX_SECONDS
+from sim.scenario.model import KIND_FIELDS, Cluster, Need, RendezvousBackend
+from sim.scenario.reader import RDZV_TIMEOUT, SECTIONS, TOP_KEYS, param_reader
+from sim.scenario.walker import AnyInt, Choice, Duration, Int, NodeList, Real, Text
 
 __all__ = ["DURATION_PATTERN", "SCHEMA_ID", "main", "scenario_schema"]
 
@@ -52,50 +56,50 @@ DURATION_PATTERN = (
 )
 
 # The readers the loader applies to each section key (it calls them inline in
-# _ScenarioReader._cluster, _job, ...).  tests/test_schema.py probes the loader at every
-# bound given here, so a reader changed there and not here fails a test.
+# sim.scenario.reader's _ScenarioReader._cluster, _job, ...).  tests/test_schema.py probes
+# the loader at every bound given here, so a reader changed there and not here fails a test.
 _SECTION_READERS: dict[str, dict[str, Any]] = {
     "": {
-        "name": loader._Text(),
-        "description": loader._Text(),
-        "seed": loader._Int(0, 2**64),
-        "until": loader._Duration(positive=True),
-        "calibration": loader._Text(),
+        "name": Text(),
+        "description": Text(),
+        "seed": Int(0, 2**64),
+        "until": Duration(positive=True),
+        "calibration": Text(),
     },
     "cluster": {
-        "nodes": loader._Int(1, loader._MAX_NODES),
-        "nproc_per_node": loader._Int(1, loader._MAX_NPROC),
-        "spare_nodes": loader._Int(0, loader._MAX_NODES),
+        "nodes": Int(1, MAX_NODES),
+        "nproc_per_node": Int(1, MAX_NPROC),
+        "spare_nodes": Int(0, MAX_NODES),
     },
     "job": {
-        "steps": loader._Int(1),
-        "step_time": loader._Duration(positive=True),
-        "startup_time": loader._Duration(),
-        "checkpoint_every": loader._Int(0),
-        "checkpoint_time": loader._Duration(),
-        "collective_timeout": loader._Duration(positive=True),
-        "timer": loader._Duration(positive=True),
-        "hang_timeout": loader._Duration(positive=True),
-        "preload_saves": loader._Duration(),
+        "steps": Int(1),
+        "step_time": Duration(positive=True),
+        "startup_time": Duration(),
+        "checkpoint_every": Int(0),
+        "checkpoint_time": Duration(),
+        "collective_timeout": Duration(positive=True),
+        "timer": Duration(positive=True),
+        "hang_timeout": Duration(positive=True),
+        "preload_saves": Duration(),
     },
     "agent": {
-        "max_restarts": loader._Int(0),
-        "monitor_interval": loader._Duration(positive=True),
-        "exit_barrier_timeout": loader._Duration(),
-        "shutdown_timeout": loader._Duration(),
+        "max_restarts": Int(0),
+        "monitor_interval": Duration(positive=True),
+        "exit_barrier_timeout": Duration(),
+        "shutdown_timeout": Duration(),
     },
     "rendezvous": {
-        "backend": loader._Choice(loader.RendezvousBackend),
-        "min_nodes": loader._Int(1, loader._MAX_NODES),
-        "max_nodes": loader._Int(1, loader._MAX_NODES),
-        "join_timeout": loader._RDZV_TIMEOUT,
-        "last_call_timeout": loader._RDZV_TIMEOUT,
-        "heartbeat_timeout": loader._RDZV_TIMEOUT,
-        "close_timeout": loader._RDZV_TIMEOUT,
+        "backend": Choice(RendezvousBackend),
+        "min_nodes": Int(1, MAX_NODES),
+        "max_nodes": Int(1, MAX_NODES),
+        "join_timeout": RDZV_TIMEOUT,
+        "last_call_timeout": RDZV_TIMEOUT,
+        "heartbeat_timeout": RDZV_TIMEOUT,
+        "close_timeout": RDZV_TIMEOUT,
     },
-    "store": {"latency": loader._Duration()},
+    "store": {"latency": Duration()},
 }
-# Required keys: what the loader refuses when absent (a fault's are in _KIND_FIELDS).
+# Required keys: what the loader refuses when absent (a fault's are in KIND_FIELDS).
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "": ("cluster", "job"),
     "cluster": ("nodes", "nproc_per_node"),
@@ -107,19 +111,19 @@ _NULL = {"type": "null"}
 def _reader_schema(reader: Any) -> dict[str, Any]:
     """The JSON Schema of the values ``reader`` accepts (its ``expected`` as description)."""
     out: dict[str, Any]
-    if isinstance(reader, loader._Int):
+    if isinstance(reader, Int):
         out = {"type": "integer", "minimum": reader.lo}
         if reader.hi is not None:
             out["maximum"] = reader.hi
-    elif isinstance(reader, loader._AnyInt):
-        out = {"type": "integer", "minimum": -loader._MAX_EXIT, "maximum": loader._MAX_EXIT - 1}
-    elif isinstance(reader, loader._Real):
+    elif isinstance(reader, AnyInt):
+        out = {"type": "integer", "minimum": -MAX_EXIT, "maximum": MAX_EXIT - 1}
+    elif isinstance(reader, Real):
         out = {"type": "number"}
         out["exclusiveMinimum" if reader.lo_open else "minimum"] = reader.lo
         if reader.hi is not None:
             out["maximum"] = reader.hi
-    elif isinstance(reader, loader._Duration):
-        number: dict[str, Any] = {"type": "number", "maximum": loader.MAX_SECONDS}
+    elif isinstance(reader, Duration):
+        number: dict[str, Any] = {"type": "number", "maximum": MAX_SECONDS}
         if reader.least:
             number["minimum"] = reader.least
         elif reader.positive:
@@ -127,16 +131,16 @@ def _reader_schema(reader: Any) -> dict[str, Any]:
         else:
             number["minimum"] = 0
         out = {"anyOf": [number, {"type": "string", "pattern": DURATION_PATTERN}]}
-    elif isinstance(reader, loader._Text):
+    elif isinstance(reader, Text):
         out = {"type": "string"}
-    elif isinstance(reader, loader._Choice):
+    elif isinstance(reader, Choice):
         out = {"enum": [choice.value for choice in reader.choices]}
-    elif isinstance(reader, loader._NodeList):
+    elif isinstance(reader, NodeList):
         out = {
             "type": "array",
-            "items": {"type": "integer", "minimum": 0, "maximum": loader._MAX_NODES},
+            "items": {"type": "integer", "minimum": 0, "maximum": MAX_NODES},
             "minItems": 1,
-            "maxItems": loader._MAX_NODES,
+            "maxItems": MAX_NODES,
             "uniqueItems": True,
         }
     else:
@@ -146,7 +150,7 @@ def _reader_schema(reader: Any) -> dict[str, Any]:
 
 
 def _optional(schema: dict[str, Any]) -> dict[str, Any]:
-    # the loader reads an explicit null as "use the default" (_Map.value_node)
+    # the loader reads an explicit null as "use the default" (Map.value_node)
     return {"anyOf": [schema, _NULL]}
 
 
@@ -171,24 +175,24 @@ def _section(name: str, keys: Sequence[str]) -> dict[str, Any]:
 
 def _fault_schemas() -> list[dict[str, Any]]:
     # a cluster with the largest nproc_per_node: local_rank's bound depends on the file
-    widest = loader.Cluster(nodes=1, nproc_per_node=loader._MAX_NPROC)
+    widest = Cluster(nodes=1, nproc_per_node=MAX_NPROC)
     out: list[dict[str, Any]] = []
-    for kind, params in loader._KIND_FIELDS.items():
+    for kind, params in KIND_FIELDS.items():
         for rate in (False, True):
             props: dict[str, Any] = {"kind": {"const": kind.value}}
             required = ["kind"]
             if rate:
-                props["every"] = _reader_schema(loader._Duration(positive=True))
-                props["from"] = _optional(_reader_schema(loader._Duration()))
-                props["to"] = _optional(_reader_schema(loader._Duration()))
+                props["every"] = _reader_schema(Duration(positive=True))
+                props["from"] = _optional(_reader_schema(Duration()))
+                props["to"] = _optional(_reader_schema(Duration()))
                 required.append("every")
             else:
-                props["at"] = _reader_schema(loader._Duration())
+                props["at"] = _reader_schema(Duration())
                 required.append("at")
-            props["category"] = _optional(_reader_schema(loader._Text()))
+            props["category"] = _optional(_reader_schema(Text()))
             for name, need in params.items():
-                schema = _reader_schema(loader._param_reader(name, widest))
-                needed = need is loader._Need.REQUIRED or (need is loader._Need.TARGET and not rate)
+                schema = _reader_schema(param_reader(name, widest))
+                needed = need is Need.REQUIRED or (need is Need.TARGET and not rate)
                 if needed:
                     required.append(name)
                     props[name] = schema
@@ -208,15 +212,13 @@ def _fault_schemas() -> list[dict[str, Any]]:
 
 def _failures_schema() -> dict[str, Any]:
     """``failures:``: a preset's name, or streams of categories (sim/failures.py's tables)."""
-    widest = loader.Cluster(nodes=1, nproc_per_node=1)
-    repairs: list[dict[str, Any]] = [_reader_schema(loader._Duration())]
+    widest = Cluster(nodes=1, nproc_per_node=1)
+    repairs: list[dict[str, Any]] = [_reader_schema(Duration())]
     for dist, keys in gen._DIST_KEYS.items():
         props: dict[str, Any] = {"dist": {"const": dist.value}}
         for key in keys:
             props[key] = (
-                _reader_schema(loader._Real(0.0, 10.0))
-                if key == "sigma"
-                else _reader_schema(loader._Duration())
+                _reader_schema(Real(0.0, 10.0)) if key == "sigma" else _reader_schema(Duration())
             )
         repairs.append(
             {
@@ -227,13 +229,13 @@ def _failures_schema() -> dict[str, Any]:
             }
         )
     category_props: dict[str, Any] = {
-        "name": _reader_schema(loader._Text()),
-        "weight": _optional(_reader_schema(loader._Real(0.0, 1e12, lo_open=True))),
+        "name": _reader_schema(Text()),
+        "weight": _optional(_reader_schema(Real(0.0, 1e12, lo_open=True))),
         "kind": {"enum": [k.value for k in gen.FAILURE_KINDS]},
         "repair": _optional({"anyOf": repairs}),
     }
     for key in ("notice", "factor", "exit_code"):
-        category_props[key] = _optional(_reader_schema(loader._param_reader(key, widest)))
+        category_props[key] = _optional(_reader_schema(param_reader(key, widest)))
     assert list(category_props) == list(gen._CATEGORY_KEYS)
     category = {
         "type": "object",
@@ -242,8 +244,8 @@ def _failures_schema() -> dict[str, Any]:
         "properties": category_props,
     }
     stream_props: dict[str, Any] = {
-        "mtbf": _reader_schema(loader._Duration(positive=True)),
-        "per": _optional(_reader_schema(loader._Choice(gen.Unit))),
+        "mtbf": _reader_schema(Duration(positive=True)),
+        "per": _optional(_reader_schema(Choice(gen.Unit))),
         "categories": {
             "type": "array",
             "minItems": 1,
@@ -275,15 +277,15 @@ def _expect_schema() -> dict[str, Any]:
     props: dict[str, Any] = {}
     for key in EXPECT_KEYS:
         if key == "state":
-            props[key] = _optional(_reader_schema(loader._Choice(ExpectedState)))
+            props[key] = _optional(_reader_schema(Choice(ExpectedState)))
             continue
         reader: Any
         if key in COUNT_KEYS:
-            reader = loader._Int(0)
+            reader = Int(0)
         elif key in SECONDS_KEYS:
-            reader = loader._Duration()
+            reader = Duration()
         else:
-            reader = loader._Real(0.0, 1.0)
+            reader = Real(0.0, 1.0)
         value = _reader_schema(reader)
         bound = {
             "type": "object",
@@ -297,17 +299,17 @@ def _expect_schema() -> dict[str, Any]:
 
 def scenario_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of scenario files, from :mod:`sim.scenario`'s tables."""
-    top = _section("", [k for k in loader._TOP_KEYS if k in _SECTION_READERS[""]])
+    top = _section("", [k for k in TOP_KEYS if k in _SECTION_READERS[""]])
     props: dict[str, Any] = {}
-    for key in loader._TOP_KEYS:
+    for key in TOP_KEYS:
         if key in top["properties"]:
             props[key] = top["properties"][key]
-        elif key in loader._SECTIONS:
-            section = _section(key, loader._SECTIONS[key])
+        elif key in SECTIONS:
+            section = _section(key, SECTIONS[key])
             props[key] = section if key in _REQUIRED[""] else _optional(section)
         elif key == "faults":
             fault = {"oneOf": _fault_schemas()}
-            props[key] = _optional({"type": "array", "maxItems": loader.MAX_FAULTS, "items": fault})
+            props[key] = _optional({"type": "array", "maxItems": MAX_FAULTS, "items": fault})
         elif key == "failures":
             props[key] = _optional(_failures_schema())
         elif key == "expect":
@@ -319,7 +321,7 @@ def scenario_schema() -> dict[str, Any]:
         "$id": SCHEMA_ID,
         "title": "elastic scenario",
         "description": (
-            "A scenario for `elastic sim` (sim/scenario.py). Durations: "
+            "A scenario for `elastic sim` (sim/scenario/). Durations: "
             + DURATION_EXPECTED
             + ". Relations between keys are checked by the loader only."
         ),

@@ -40,7 +40,8 @@ from sim.calibration import apply_calibration, scenario_calibration
 from sim.expect import check
 from sim.losses import BUCKETS
 from sim.run import simulate
-from sim.scenario import Scenario, load_scenario, load_scenario_text
+from sim.scenario.model import Scenario
+from sim.scenario.reader import load_scenario, load_scenario_text
 
 __all__ = ["FIGURES", "Setting", "main", "parse_set", "percentile", "run_sweep", "summarize"]
 

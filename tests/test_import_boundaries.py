@@ -28,6 +28,7 @@ FORBIDDEN_IN_CORE = {"asyncio", "subprocess", "socket", "signal", "selectors", "
 REAL_ADAPTERS = {
     "elastic/real/*",
     "elastic/run.py",
+    "elastic/cli.py",  # the `elastic` command's process entry: its SIGINT handler, its exit
     "elastic/launcher/*",
     "elastic/agent/server/local_elastic_agent.py",
     "elastic/agent/server/health_check_server.py",
@@ -49,6 +50,9 @@ MUST_BE_PURE = [
     "elastic/memstore.py",
     "elastic/agent/ranks.py",
     "elastic/agent/server/api.py",
+    "elastic/agent/server/_decide.py",
+    "elastic/events/kinds.py",
+    "elastic/metrics/core.py",
     "elastic/rendezvous/_core.py",
     "elastic/rendezvous/dynamic.py",
     "elastic/rendezvous/dynamic_rendezvous.py",
@@ -69,9 +73,10 @@ KNOWN_EDGES: dict[tuple[str, str], str] = {
         "the synchronous run() (torch's API) makes an asyncio clock when none was given; "
         "imported inside run(), never by the async agent"
     ),
-    ("elastic/agent/server/api.py", "elastic/metrics/__init__.py"): (
-        "debt (issue 18, item 1): put_metric stamps the wall clock in a module global; "
-        "metrics are to go through the clock port and per-agent state"
+    ("elastic/agent/server/api.py", "elastic/metrics/api.py"): (
+        "the synchronous run() (torch's API, real mode) sends the agent's metrics to the "
+        "handlers set with metrics.configure(); imported inside run(), never by the async "
+        "agent, whose metrics go through its own AgentMetrics on its clock"
     ),
     ("elastic/timer/api.py", "elastic/timer/wallclock.py"): (
         "debt: torch's expires() runs in the worker process and reads the wall clock there; "

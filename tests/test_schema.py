@@ -18,8 +18,11 @@ import pytest
 import yaml
 
 from elastic.errors import ConfigError
-from sim import scenario as loader
 from sim.durations import parse_duration
+from sim.scenario.limits import MAX_NODES, MAX_SECONDS
+from sim.scenario.model import KIND_FIELDS, FaultKind, Need
+from sim.scenario.reader import SECTIONS, TOP_KEYS, load_scenario_text
+from sim.scenario.walker import Choice, Duration, Int, Text
 from sim.schema import _SECTION_READERS, DURATION_PATTERN, main, scenario_schema
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,13 +33,13 @@ VALIDATOR = jsonschema.Draft202012Validator(scenario_schema())
 BASE: dict[str, Any] = {
     "cluster": {"nodes": 2, "nproc_per_node": 2},
     # the longest start-up, so that preload_saves (≤ startup_time) is probed on its own bounds
-    "job": {"steps": 10, "step_time": 1, "startup_time": loader.MAX_SECONDS},
+    "job": {"steps": 10, "step_time": 1, "startup_time": MAX_SECONDS},
 }
 
 
 def _loader_accepts(data: dict[str, Any]) -> bool:
     try:
-        loader.load_scenario_text(yaml.safe_dump(data, sort_keys=False))
+        load_scenario_text(yaml.safe_dump(data, sort_keys=False))
     except ConfigError:
         return False
     return True
@@ -69,15 +72,15 @@ def test_schema_is_valid_draft_2020_12() -> None:
 
 def test_schema_keys_are_the_loaders_keys() -> None:
     props = scenario_schema()["properties"]
-    assert list(props) == list(loader._TOP_KEYS)
-    for section, keys in loader._SECTIONS.items():
+    assert list(props) == list(TOP_KEYS)
+    for section, keys in SECTIONS.items():
         schema = props[section]
         if "anyOf" in schema:
             schema = schema["anyOf"][0]
         assert list(schema["properties"]) == list(keys)
         assert set(_SECTION_READERS[section]) == set(keys)
     faults = props["faults"]["anyOf"][0]["items"]["oneOf"]
-    assert {f["properties"]["kind"]["const"] for f in faults} == {k.value for k in loader.FaultKind}
+    assert {f["properties"]["kind"]["const"] for f in faults} == {k.value for k in FaultKind}
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
@@ -89,24 +92,24 @@ def test_every_shipped_scenario_validates(path: Path) -> None:
 
 # relations between keys the schema cannot express (see sim/schema.py's docstring)
 RELATIONAL = {
-    ("cluster", "spare_nodes", repr(loader._MAX_NODES)),  # nodes + spares ≤ MAX_NODES
+    ("cluster", "spare_nodes", repr(MAX_NODES)),  # nodes + spares ≤ MAX_NODES
 }
 
 
 def _probes(reader: Any) -> list[object]:
-    if isinstance(reader, loader._Int):
+    if isinstance(reader, Int):
         values: list[object] = [reader.lo, reader.lo - 1, "7", 1.5, True]
         if reader.hi is not None:
             values += [reader.hi, reader.hi + 1]
         return values
-    if isinstance(reader, loader._Duration):
+    if isinstance(reader, Duration):
         return [
             0,
             0.5,
             1,
             reader.least,
-            loader.MAX_SECONDS,
-            loader.MAX_SECONDS * 2,
+            MAX_SECONDS,
+            MAX_SECONDS * 2,
             -1,
             "10m",
             "1h30m",
@@ -115,9 +118,9 @@ def _probes(reader: Any) -> list[object]:
             True,
             [1],
         ]
-    if isinstance(reader, loader._Choice):
+    if isinstance(reader, Choice):
         return [*[c.value for c in reader.choices], "nope", 3]
-    if isinstance(reader, loader._Text):
+    if isinstance(reader, Text):
         return ["x", 3, [1]]
     raise AssertionError(f"no probes for {reader!r}")
 
@@ -140,7 +143,7 @@ def test_schema_and_loader_agree_at_the_bounds(section: str, key: str, value: ob
     assert _schema_accepts(data) == loaded, f"{section}.{key}={value!r}: loader {loaded}"
 
 
-def _minimal_fault(kind: loader.FaultKind, rate: bool) -> dict[str, Any]:
+def _minimal_fault(kind: FaultKind, rate: bool) -> dict[str, Any]:
     fault: dict[str, Any] = {"kind": kind.value}
     fault.update({"every": "1h"} if rate else {"at": "10m"})
     values = {
@@ -151,15 +154,15 @@ def _minimal_fault(kind: loader.FaultKind, rate: bool) -> dict[str, Any]:
         "nodes": [1],
         "factor": 2.0,
     }
-    for name, need in loader._KIND_FIELDS[kind].items():
-        if need is loader._Need.REQUIRED or (need is loader._Need.TARGET and not rate):
+    for name, need in KIND_FIELDS[kind].items():
+        if need is Need.REQUIRED or (need is Need.TARGET and not rate):
             fault[name] = values[name]
     return fault
 
 
 @pytest.mark.parametrize("rate", [False, True], ids=["timed", "rate"])
-@pytest.mark.parametrize("kind", list(loader.FaultKind), ids=[k.value for k in loader.FaultKind])
-def test_schema_and_loader_agree_on_each_fault_kind(kind: loader.FaultKind, rate: bool) -> None:
+@pytest.mark.parametrize("kind", list(FaultKind), ids=[k.value for k in FaultKind])
+def test_schema_and_loader_agree_on_each_fault_kind(kind: FaultKind, rate: bool) -> None:
     fault = _minimal_fault(kind, rate)
     data = {**copy.deepcopy(BASE), "until": "1d", "faults": [fault]}
     assert _loader_accepts(data) and _schema_accepts(data)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from elastic.events import kinds
 from elastic.events.handlers import _log_handlers, get_logging_handler
 
 __all__ = [
@@ -198,8 +199,8 @@ class RecordSink:
     torch's ``get_logging_handler`` does.
     """
 
-    _WORKER = "torchelastic.worker.status."
-    _AGENT = frozenset({"RENDEZVOUS", "ASSIGN_WORKER_RANKS"})
+    _WORKER = kinds.WORKER_STATUS
+    _AGENT = frozenset({kinds.RENDEZVOUS, kinds.ASSIGN_WORKER_RANKS})
 
     def __init__(self, destination: str, run_id: str, rdzv_backend: str, hostname: str) -> None:
         _log_handlers[destination]

@@ -1,28 +1,45 @@
 """torch's metrics API (``torch.distributed.elastic.metrics``), same names.
 
-The agent reports with :func:`put_metric` (group ``torchelastic``); handlers decide
-where values go.  Metric names follow torch: ``workers.<role>.remaining_restarts``,
-``workers.<role>.<state>``, ``workers.<role>.run_total``, ``workers.<role>.
-run_success_with_retries`` …  Besides the configured handler, the last value of every
-metric is kept in :data:`last_values` so the health server can serve ``/metrics``.
+Handlers decide where values go.  The agent reports its own metrics (group
+``torchelastic``) through its :class:`~elastic.metrics.core.AgentMetrics`: stamped by
+the agent's clock, sent to the agent's handler (in real mode, by default, the one set
+with :func:`configure`), last values kept per agent.  Metric names follow torch:
+``workers.<role>.remaining_restarts``, ``workers.<role>.<state>``,
+``workers.<role>.run_total``, ``workers.<role>.run_success_with_retries`` …
+
+torch's process-wide API (``configure``, ``put_metric``, ``getStream``, ``prof``), which
+stamps wall-clock time, lives in :mod:`elastic.metrics.api` and is imported the first
+time one of its names is asked for, so the agent's pure core never loads it.
 """
 
-from elastic.metrics.api import (
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from elastic.metrics.core import (
+    AgentMetrics,
     ConsoleMetricHandler,
     MetricData,
     MetricHandler,
-    MetricsConfig,
-    MetricStream,
     NullMetricHandler,
-    configure,
-    getStream,
-    initialize_metrics,
-    last_values,
-    prof,
-    put_metric,
 )
 
+if TYPE_CHECKING:
+    from elastic.metrics.api import (
+        ConfiguredMetricHandler,
+        MetricsConfig,
+        MetricStream,
+        configure,
+        getStream,
+        initialize_metrics,
+        last_values,
+        prof,
+        put_metric,
+    )
+
 __all__ = [
+    "AgentMetrics",
+    "ConfiguredMetricHandler",
     "ConsoleMetricHandler",
     "MetricData",
     "MetricHandler",
@@ -36,3 +53,27 @@ __all__ = [
     "prof",
     "put_metric",
 ]
+
+_TORCH_API = frozenset(
+    {
+        "ConfiguredMetricHandler",
+        "MetricStream",
+        "MetricsConfig",
+        "configure",
+        "getStream",
+        "initialize_metrics",
+        "last_values",
+        "prof",
+        "put_metric",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    """torch's process-wide metrics API, imported the first time one of its names is
+    asked for."""
+    if name in _TORCH_API:
+        from elastic.metrics import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,18 +1,28 @@
-"""Metric handlers, streams, ``put_metric`` and the ``prof`` decorator (torch's API).
+"""Metric streams, ``configure``, ``put_metric`` and the ``prof`` decorator (torch's API).
 
-Timestamps are wall-clock seconds: this module is a real-mode reporting adapter (the
-simulator records metrics as events on its own clock instead).
+Timestamps are wall-clock seconds and the configured handlers are process-wide, as in
+torch: this module is a real-mode reporting adapter for users' own metrics.  The agent
+reports its metrics through its own :class:`~elastic.metrics.core.AgentMetrics` (its
+clock, its handler); in real mode that handler is :class:`ConfiguredMetricHandler`, so a
+handler set with :func:`configure` receives the agent's metrics, as in torch.
 """
 
 from __future__ import annotations
 
-import abc
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, TypeVar, cast
+
+from elastic.metrics.core import (
+    ConsoleMetricHandler,
+    MetricData,
+    MetricHandler,
+    NullMetricHandler,
+)
 
 __all__ = [
+    "ConfiguredMetricHandler",
     "ConsoleMetricHandler",
     "MetricData",
     "MetricHandler",
@@ -30,13 +40,6 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class MetricData(NamedTuple):
-    timestamp: float
-    group_name: str
-    name: str
-    value: int
-
-
 class MetricsConfig:
     __slots__ = ["params"]
 
@@ -44,25 +47,7 @@ class MetricsConfig:
         self.params = params if params is not None else {}
 
 
-class MetricHandler(abc.ABC):
-    @abc.abstractmethod
-    def emit(self, metric_data: MetricData) -> None: ...
-
-
-class ConsoleMetricHandler(MetricHandler):
-    def emit(self, metric_data: MetricData) -> None:
-        print(
-            f"[{metric_data.timestamp}][{metric_data.group_name}]: "
-            f"{metric_data.name}={metric_data.value}"
-        )
-
-
-class NullMetricHandler(MetricHandler):
-    def emit(self, metric_data: MetricData) -> None:
-        pass
-
-
-# (group, name) -> last value; read by the health server's /metrics
+# (group, name) -> last value put in this process (an agent's own: AgentMetrics.last_values)
 last_values: dict[tuple[str, str], int] = {}
 
 
@@ -91,6 +76,16 @@ def configure(handler: MetricHandler, group: str | None = None) -> None:
 
 def getStream(group: str) -> MetricStream:
     return MetricStream(group, _metrics_map.get(group, _default_metrics_handler))
+
+
+class ConfiguredMetricHandler(MetricHandler):
+    """Sends each value to the handler :func:`configure` set for its group at the time
+    it is emitted (torch's routing), and keeps it in :data:`last_values`: the real-mode
+    agent's default handler."""
+
+    def emit(self, metric_data: MetricData) -> None:
+        last_values[(metric_data.group_name, metric_data.name)] = metric_data.value
+        _metrics_map.get(metric_data.group_name, _default_metrics_handler).emit(metric_data)
 
 
 def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchelastic") -> None:

@@ -9,14 +9,16 @@ Theory of operation
 1. rendezvous (``spec.rdzv_handler.next_rendezvous_async``) → assign ranks through the
    round's store (:func:`elastic.agent.ranks.exchange_ranks_in_round`) → start workers through
    the workers port;
-2. wait for the **first** of: the group's outcome (a worker exit decides it — any
-   failure → FAILED, all exits 0 → SUCCEEDED), a membership change
-   (``rdzv_handler.watch_async()``), or a health verdict (each configured
-   :class:`HealthWatch`).  Nothing is sampled: each is a task that wakes on its own
-   event;
-3. SUCCEEDED → exit barrier (``exit_barrier_timeout``, default 300 s) and finish;
-   FAILED/UNHEALTHY → restart the group if restarts remain (spending one), else stop
-   the workers and finish FAILED; membership change → restart **without** spending.
+2. wait for the **first** of: the group's exits until they settle it (a failure, or
+   every worker exited), a membership change (``rdzv_handler.watch_async()``), or a
+   health verdict (each configured :class:`HealthWatch`).  Nothing is sampled: each is
+   a task that wakes on its own event;
+3. hand that outcome, the group's state and the remaining restarts to the pure
+   :func:`elastic.agent.server._decide.decide`, and apply its decision: SUCCEEDED → exit
+   barrier (``exit_barrier_timeout``, default 300 s) and finish; a failure or an
+   unhealthy group → restart, spending one restart, or stop the workers and finish
+   FAILED when none remain; membership change → restart **without** spending.  Every
+   rule is written (and tested) there; ``_invoke_run`` only awaits and applies.
 
 Invariants (checked over event logs by ``sim.checks``): a node's old group is stopped
 before its new one starts; ``remaining_restarts`` never goes below zero; every run
@@ -29,7 +31,6 @@ The same code runs in the simulator (simulated ports) and for real (``run()`` wr
 from __future__ import annotations
 
 import abc
-import enum
 import inspect
 import warnings
 from collections.abc import Awaitable, Callable
@@ -37,10 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from elastic.agent.ranks import exchange_ranks_in_round
+from elastic.agent.server._decide import Action, Decision, Outcome, WorkerState, decide, settled
 from elastic.clock import Cancelled, Clock, Task
 from elastic.errors import ElasticError
-from elastic.events import AgentEvent, EventSink, NullSink
-from elastic.metrics import put_metric
+from elastic.events import AgentEvent, EventSink, NullSink, kinds
+from elastic.metrics.core import AgentMetrics, MetricHandler, NullMetricHandler
 from elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousError,
@@ -140,23 +142,6 @@ class Worker:
         return str(self)
 
 
-class WorkerState(str, enum.Enum):
-    """State of the WorkerGroup (torch's values)."""
-
-    UNKNOWN = "UNKNOWN"
-    INIT = "INIT"
-    HEALTHY = "HEALTHY"
-    UNHEALTHY = "UNHEALTHY"
-    STOPPED = "STOPPED"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-
-    @staticmethod
-    def is_running(state: WorkerState) -> bool:
-        """True if the workers are still running (HEALTHY or UNHEALTHY)."""
-        return state in {WorkerState.HEALTHY, WorkerState.UNHEALTHY}
-
-
 class WorkerGroup:
     """A set of Worker instances managed by the agent, with its rendezvous facts."""
 
@@ -216,12 +201,6 @@ class HealthWatch(Protocol):
 
 PreStartCheck = Callable[[], Awaitable[str | None]]
 EnvHook = Callable[[WorkerGroup, Worker, dict[str, str]], None]
-
-
-class _Outcome(enum.Enum):
-    GROUP = 0
-    MEMBERSHIP = 1
-    HEALTH = 2
 
 
 #: torch's documented ``SimpleElasticAgent`` hooks (seed 001).  Ours that exist are
@@ -292,6 +271,7 @@ class SimpleElasticAgent(ElasticAgent):
         pre_start_checks: list[PreStartCheck] | None = None,
         env_hooks: list[EnvHook] | None = None,
         rank_exchange_timeout: float = 600,
+        metrics_handler: MetricHandler | None = None,
     ) -> None:
         refusal = torch_hook_refusal(type(self))
         if refusal is not None:
@@ -305,6 +285,9 @@ class SimpleElasticAgent(ElasticAgent):
         self._in_exit_barrier = False
         self._clock = clock
         self._workers_port = workers
+        #: this agent's metrics (torch's names, group ``torchelastic``), on its clock
+        self.metrics = AgentMetrics(metrics_handler or NullMetricHandler(), self._clock_now)
+        self._metrics_handler_given = metrics_handler is not None
         self._events: EventSink = events if events is not None else NullSink()
         self._node = node
         self._health_watches = list(health_watches or [])
@@ -359,6 +342,9 @@ class SimpleElasticAgent(ElasticAgent):
             raise RuntimeError("this agent has no workers port: pass workers=")
         return self._workers_port
 
+    def _clock_now(self) -> float:
+        return self.clock.now()
+
     def _emit(self, kind: str, rank: int | None = None, **fields: Any) -> None:
         now = self.clock.now()
         self.last_event_time = now
@@ -376,7 +362,12 @@ class SimpleElasticAgent(ElasticAgent):
     # -- the synchronous API (real mode) ------------------------------------------------
     def run(self, role: str = DEFAULT_ROLE) -> RunResult | None:
         """Run the agent to the end on a fresh event loop (real mode)."""
+        from elastic.metrics.api import ConfiguredMetricHandler
         from elastic.real.clock import AsyncioClock, run_sync
+
+        if not self._metrics_handler_given:
+            # torch's agent reports to the handlers set with metrics.configure()
+            self.metrics.handler = ConfiguredMetricHandler()
 
         async def main() -> RunResult | None:
             if self._clock is None:
@@ -393,13 +384,13 @@ class SimpleElasticAgent(ElasticAgent):
         spec = self._worker_group.spec
         # a torch-style synchronous handler runs in threads (real) or is refused (sim)
         spec.rdzv_handler.bind_clock(self.clock, spec.monitor_interval)
-        self._emit("agent.start", max_restarts=spec.max_restarts)
+        self._emit(kinds.AGENT_START, max_restarts=spec.max_restarts)
         result: RunResult | None = None
         try:
             result = await self._invoke_run(role)
             return result
         except RendezvousGracefulExitError:
-            self._emit("agent.graceful_exit")
+            self._emit(kinds.AGENT_GRACEFUL_EXIT)
             return None
         except WorkerStartRefused as e:
             self.refused_start = str(e)
@@ -408,80 +399,87 @@ class SimpleElasticAgent(ElasticAgent):
             return result
         except RendezvousClosedError:
             # another node ended the job while this one was between groups
-            self._emit("agent.rendezvous_closed")
+            self._emit(kinds.AGENT_RENDEZVOUS_CLOSED)
             self._worker_group.state = WorkerState.FAILED
             result = RunResult(state=WorkerState.FAILED)
             return result
         except RendezvousError as e:
             # torch lets a rendezvous timeout/connection/state error escape run(); so do we,
             # after recording that this agent ended FAILED and why
-            self._emit("agent.rendezvous_error", error=f"{type(e).__name__}: {e}")
+            self._emit(kinds.AGENT_RENDEZVOUS_ERROR, error=f"{type(e).__name__}: {e}")
             self._worker_group.state = WorkerState.FAILED
             result = RunResult(state=WorkerState.FAILED)
             raise
         finally:
-            await self._stop_group("shutdown")
+            await self._stop_group(kinds.STOP_SHUTDOWN)
             self._total_execution_time = int(self.clock.now() - start)
             if result is not None:
                 self._record_metrics(result)
             self._emit(
-                "agent.finish",
+                kinds.AGENT_FINISH,
                 state=result.state.value if result is not None else "EXITED",
                 restarts=self.restart_count,
                 rounds=self._rounds,
             )
 
     async def _invoke_run(self, role: str) -> RunResult:
+        """The driver: await an outcome, ask :func:`~._decide.decide`, apply the decision."""
         wg = self._worker_group
         await self._initialize_workers(wg)
         while True:
             assert wg.state != WorkerState.INIT, "the worker group is still INIT"
-            assert self._group is not None
-            outcome, value = await self._wait_first(wg, self._group)
-            put_metric(f"workers.{role}.remaining_restarts", self._remaining_restarts)
-            if outcome is _Outcome.GROUP:
-                run_result: RunResult = value
-                wg.state = run_result.state
-                put_metric(f"workers.{role}.{run_result.state.name.lower()}", 1)
-                if run_result.state == WorkerState.SUCCEEDED:
-                    self._emit_worker_finals(run_result)
-                    await self._exit_barrier()
-                    # the group is stopped in run_async's finally: every worker exited, but
-                    # a daemon a worker left behind must not outlive the agent
-                    return run_result
-                self._emit_worker_finals(run_result)
-                if self._remaining_restarts > 0:
-                    self._remaining_restarts -= 1
-                    await self._restart_workers(wg, "failure")
-                    continue
-                group = self._group
-                await self._stop_group("restarts_exhausted")
-                await self._add_other_failures(wg, group, run_result)
-                wg.state = WorkerState.FAILED
-                return self._with_failure_records(run_result)
-            if outcome is _Outcome.HEALTH:
-                reason = str(value)
-                wg.state = WorkerState.UNHEALTHY
-                put_metric(f"workers.{role}.unhealthy", 1)
-                self._emit("agent.unhealthy", reason=reason)
-                if self._remaining_restarts > 0:
-                    self._remaining_restarts -= 1
-                    await self._restart_workers(wg, "unhealthy", detail=reason)
-                    continue
-                await self._stop_group("restarts_exhausted")
-                wg.state = WorkerState.FAILED
-                return RunResult(state=WorkerState.UNHEALTHY)
-            # membership change: restart without spending the budget
-            reason = str(value)
-            if reason == "closed":
-                await self._stop_group("rendezvous_closed")
-                self._emit("agent.rendezvous_closed")
-                wg.state = WorkerState.FAILED
-                return RunResult(state=WorkerState.FAILED)
-            self._emit("agent.membership_change", reason=reason)
-            await self._restart_workers(wg, "membership", detail=reason)
+            group = self._group
+            assert group is not None
+            outcome = await self._wait_first(wg, group)
+            self.metrics.put(f"workers.{role}.remaining_restarts", self._remaining_restarts)
+            d = decide(wg.state, outcome, self._remaining_restarts)
+            if d.state is not None:
+                wg.state = d.state
+                self.metrics.put(f"workers.{role}.{d.state.name.lower()}", 1)
+            if d.notice is not None:
+                self._emit(d.notice, reason=d.detail)
+            if d.action is Action.RESTART:
+                self._remaining_restarts = d.remaining
+                await self._restart_workers(wg, d.reason, detail=d.detail)
+                continue
+            if d.action is Action.SUCCEED:
+                result = self._succeeded(wg, outcome)
+                self._emit_worker_finals(result)
+                await self._exit_barrier()
+                # the group is stopped in run_async's finally: every worker exited, but
+                # a daemon a worker left behind must not outlive the agent
+                return result
+            return await self._finish(wg, group, outcome, d)
 
-    async def _wait_first(self, wg: WorkerGroup, group: RunningGroup) -> tuple[_Outcome, Any]:
+    async def _finish(
+        self, wg: WorkerGroup, group: RunningGroup, outcome: Outcome, d: Decision
+    ) -> RunResult:
+        """Apply FAIL or CLOSE: stop the group and return the run's result."""
+        assert d.action in (Action.FAIL, Action.CLOSE) and d.result is not None, d
+        await self._stop_group(d.reason)
+        if d.action is Action.CLOSE:
+            self._emit(kinds.AGENT_RENDEZVOUS_CLOSED)
+        by_local = {w.local_rank: w for w in wg.workers}
+        exits = {ex.local_rank: ex for ex in outcome.exits}
+        result = RunResult(
+            state=d.result, failures={by_local[lr].global_rank: exits[lr] for lr in d.failed}
+        )
+        if d.failed:
+            await self._add_other_failures(wg, group, result)
+        wg.state = WorkerState.FAILED
+        return self._with_failure_records(result)
+
+    @staticmethod
+    def _succeeded(wg: WorkerGroup, outcome: Outcome) -> RunResult:
+        by_local = {w.local_rank: w for w in wg.workers}
+        return RunResult(
+            state=WorkerState.SUCCEEDED,
+            return_values={
+                by_local[ex.local_rank].global_rank: ex.return_value for ex in outcome.exits
+            },
+        )
+
+    async def _wait_first(self, wg: WorkerGroup, group: RunningGroup) -> Outcome:
         """Wait, event-driven, for the group outcome, a membership change or a health verdict."""
         clock = self.clock
         tasks: list[Task[Any]] = [
@@ -499,11 +497,15 @@ class SimpleElasticAgent(ElasticAgent):
         finally:
             for t in tasks:
                 t.cancel()
-        return (
-            _Outcome.GROUP if idx == 0 else _Outcome.MEMBERSHIP if idx == 1 else _Outcome.HEALTH
-        ), value
+        if idx == 0:
+            outcome: Outcome = value
+            return outcome
+        if idx == 1:
+            return Outcome.membership(str(value))
+        return Outcome.health(str(value))
 
-    async def _group_outcome(self, wg: WorkerGroup, group: RunningGroup) -> RunResult:
+    async def _group_outcome(self, wg: WorkerGroup, group: RunningGroup) -> Outcome:
+        """Every exit of the group until they settle it (a failure, or all exited)."""
         exits: dict[int, WorkerExit] = {}
         self._seen_exits = exits
         by_local = {w.local_rank: w for w in wg.workers}
@@ -511,22 +513,16 @@ class SimpleElasticAgent(ElasticAgent):
             ex = await group.next_exit()
             exits[ex.local_rank] = ex
             if ex.failed:
-                w = by_local[ex.local_rank]
-                self._emit_failed(w, ex)
-                # the exit itself: a restart discards it, and only the result returned
-                # gets the failure record (see _with_failure_records)
-                return RunResult(state=WorkerState.FAILED, failures={w.global_rank: ex})
-            if len(exits) == len(wg.workers):
-                return RunResult(
-                    state=WorkerState.SUCCEEDED,
-                    return_values={
-                        by_local[lr].global_rank: e.return_value for lr, e in exits.items()
-                    },
-                )
+                self._emit_failed(by_local[ex.local_rank], ex)
+            seen = tuple(exits.values())
+            if settled(seen, len(wg.workers)):
+                # the exits themselves: a restart discards them, and only the result
+                # returned gets the failure records (see _with_failure_records)
+                return Outcome.of_exits(seen, len(wg.workers))
 
     def _emit_failed(self, w: Worker, ex: WorkerExit) -> None:
         self._emit(
-            "torchelastic.worker.status.FAILED",
+            kinds.WORKER_FAILED,
             rank=w.global_rank,
             local_rank=ex.local_rank,
             exit_code=ex.exit_code,
@@ -577,7 +573,7 @@ class SimpleElasticAgent(ElasticAgent):
         if result.state == WorkerState.SUCCEEDED:
             for w in self._worker_group.workers:
                 self._emit(
-                    "torchelastic.worker.status.SUCCEEDED",
+                    kinds.WORKER_SUCCEEDED,
                     rank=w.global_rank,
                     local_rank=w.local_rank,
                     attempt=self._attempt,
@@ -592,7 +588,7 @@ class SimpleElasticAgent(ElasticAgent):
                 # forms another without it (issue 16: three rounds per GPU failure)
                 refusal = await self._pre_start_refusal()
                 if refusal is not None:
-                    self._emit("agent.refused_start", reason=refusal)
+                    self._emit(kinds.AGENT_REFUSED_START, reason=refusal)
                     raise WorkerStartRefused(refusal)
                 await self._rendezvous(wg)
                 await self._start_workers(wg)
@@ -622,7 +618,7 @@ class SimpleElasticAgent(ElasticAgent):
             self._rounds += 1
             self._round = info.round
             self._emit(
-                "RENDEZVOUS",
+                kinds.RENDEZVOUS,
                 duration_ms=round((clock.now() - t0) * 1000, 3),
                 round=info.round,
                 group_rank=info.rank,
@@ -648,11 +644,11 @@ class SimpleElasticAgent(ElasticAgent):
                 if not isinstance(e, TimeoutError):
                     raise
                 # a peer of this round vanished before the exchange finished: next round
-                self._emit("agent.membership_change", reason="rank_exchange_timeout")
+                self._rejoin(wg, Outcome.timeout())
                 continue
             if isinstance(assignment, str):
                 watch.cancel()
-                self._emit("agent.membership_change", reason=assignment)
+                self._rejoin(wg, Outcome.membership(assignment))
                 continue
             self._drop_membership_watch()
             self._membership_watch = watch
@@ -675,12 +671,18 @@ class SimpleElasticAgent(ElasticAgent):
             for r in range(lws)
         ]
         self._emit(
-            "ASSIGN_WORKER_RANKS",
+            kinds.ASSIGN_WORKER_RANKS,
             duration_ms=round((clock.now() - t1) * 1000, 3),
             group_rank=info.rank,
             world_size=assignment.world_size,
             base_global_rank=assignment.base_global_rank,
         )
+
+    def _rejoin(self, wg: WorkerGroup, outcome: Outcome) -> None:
+        """Apply the decision for a round lost before its group started (REJOIN)."""
+        d = decide(wg.state, outcome, self._remaining_restarts)
+        assert d.action is Action.REJOIN and d.notice is not None, d
+        self._emit(d.notice, reason=d.detail)
 
     def worker_env(self, wg: WorkerGroup, worker: Worker) -> dict[str, str]:
         """The environment of one worker, exactly torch's variables (without inherited ones)."""
@@ -728,7 +730,7 @@ class SimpleElasticAgent(ElasticAgent):
         for w in wg.workers:
             w.id = pids.get(w.local_rank)
             self._emit(
-                "torchelastic.worker.status.START",
+                kinds.WORKER_START,
                 rank=w.global_rank,
                 local_rank=w.local_rank,
                 role_rank=w.role_rank,
@@ -739,7 +741,7 @@ class SimpleElasticAgent(ElasticAgent):
             )
         wg.state = WorkerState.HEALTHY
         self._emit(
-            "agent.group_started",
+            kinds.AGENT_GROUP_STARTED,
             attempt=self._attempt,
             group_rank=wg.group_rank,
             group_world_size=wg.group_world_size,
@@ -760,17 +762,17 @@ class SimpleElasticAgent(ElasticAgent):
         for ex in exits:
             w = self._worker_group.workers[ex.local_rank]
             self._emit(
-                "torchelastic.worker.status.TERMINATED",
+                kinds.WORKER_TERMINATED,
                 rank=w.global_rank,
                 local_rank=ex.local_rank,
                 exit_code=ex.exit_code,
                 attempt=self._attempt,
             )
-        self._emit("agent.group_stopped", reason=reason, attempt=self._attempt)
+        self._emit(kinds.AGENT_GROUP_STOPPED, reason=reason, attempt=self._attempt)
 
     async def _restart_workers(self, wg: WorkerGroup, reason: str, detail: str = "") -> None:
         self._emit(
-            "agent.restart",
+            kinds.AGENT_RESTART,
             reason=reason,
             detail=detail,
             remaining_restarts=self._remaining_restarts,
@@ -793,11 +795,11 @@ class SimpleElasticAgent(ElasticAgent):
             if n >= wg.group_world_size:
                 await store.set(f"{_TERMINAL_STATE_SYNC_ID}/last_member", b"1")
             await store.get(f"{_TERMINAL_STATE_SYNC_ID}/last_member", self._exit_barrier_timeout)
-            self._emit("agent.exit_barrier", duration_s=round(self.clock.now() - t0, 6))
+            self._emit(kinds.AGENT_EXIT_BARRIER, duration_s=round(self.clock.now() - t0, 6))
         except Cancelled:
             raise
         except Exception as e:
-            self._emit("agent.exit_barrier_error", error=f"{type(e).__name__}: {e}")
+            self._emit(kinds.AGENT_EXIT_BARRIER_ERROR, error=f"{type(e).__name__}: {e}")
         finally:
             self._in_exit_barrier = False
 
@@ -807,17 +809,21 @@ class SimpleElasticAgent(ElasticAgent):
         role = spec.role
         with_retries = self._remaining_restarts != spec.max_restarts
         failed = group_results.is_failed()
-        put_metric(f"workers.{role}.run_total", 1)
-        put_metric(f"workers.{role}.run_success_with_retries", int(not failed and with_retries))
-        put_metric(f"workers.{role}.run_success_no_retries", int(not failed and not with_retries))
-        put_metric(f"workers.{role}.run_failed_with_retries", int(failed and with_retries))
-        put_metric(f"workers.{role}.run_failed_no_retries", int(failed and not with_retries))
+        self.metrics.put(f"workers.{role}.run_total", 1)
+        self.metrics.put(
+            f"workers.{role}.run_success_with_retries", int(not failed and with_retries)
+        )
+        self.metrics.put(
+            f"workers.{role}.run_success_no_retries", int(not failed and not with_retries)
+        )
+        self.metrics.put(f"workers.{role}.run_failed_with_retries", int(failed and with_retries))
+        self.metrics.put(f"workers.{role}.run_failed_no_retries", int(failed and not with_retries))
         flakiness = (
             100.0
             if failed
             else 100.0 - 100.0 * (self._remaining_restarts + 1) / (spec.max_restarts + 1)
         )
-        put_metric(f"workers.{role}.flakiness", int(flakiness))
+        self.metrics.put(f"workers.{role}.flakiness", int(flakiness))
 
 
 class WorkerStartRefused(ElasticError):

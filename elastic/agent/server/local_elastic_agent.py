@@ -72,8 +72,9 @@ from elastic.agent.server.api import (
     WorkerSpec,
 )
 from elastic.errors import ConfigError
-from elastic.events import EventSink
+from elastic.events import EventSink, kinds
 from elastic.ids import uuid4_str
+from elastic.metrics.core import MetricHandler
 from elastic.multiprocessing.api import LogsSpecs
 from elastic.once import say_once
 from elastic.workers import RunningGroup, WorkerExit
@@ -146,7 +147,7 @@ class _HangWatch:
         by_local = {w.local_rank: w for w in group.workers}
         ranks = [by_local[r].global_rank for r in stuck if r in by_local]
         self._agent._emit(
-            "agent.hang", local_ranks=stuck, ranks=ranks, hang_timeout=self.hang_timeout
+            kinds.AGENT_HANG, local_ranks=stuck, ranks=ranks, hang_timeout=self.hang_timeout
         )
         return (
             f"no progress for {self.hang_timeout:g}s from local rank(s) "
@@ -179,7 +180,9 @@ class LocalElasticAgent(SimpleElasticAgent):
     Keywords beyond torch's: ``events`` (where agent events go), ``extra_env`` (added to
     every worker's environment), ``hang_timeout`` (seconds; None: no hang detection),
     ``signals_to_handle`` (default: ``TORCHELASTIC_SIGNALS_TO_HANDLE`` or torch's
-    default), ``gpu_check`` (False: skip the NVML pre-start check), ``node``.
+    default), ``gpu_check`` (False: skip the NVML pre-start check), ``node``,
+    ``metrics_handler`` (where the agent's metrics go; default: the handler set with
+    ``elastic.metrics.configure``, as in torch).
     """
 
     def __init__(
@@ -200,7 +203,9 @@ class LocalElasticAgent(SimpleElasticAgent):
         node: int | str | None = None,
         reaper: bool | ReaperSidecar = True,
         preload: Sequence[str] = (),
+        metrics_handler: MetricHandler | None = None,
     ) -> None:
+        from elastic.metrics.api import ConfiguredMetricHandler
         from elastic.real.workers import ProcessWorkers
 
         if start_method not in ("spawn", "fork", "forkserver"):
@@ -233,6 +238,8 @@ class LocalElasticAgent(SimpleElasticAgent):
             ],
             pre_start_checks=[self._check_gpus] if gpu_check else None,
             env_hooks=[self._torch_env],
+            # torch's agent reports to the handlers set with metrics.configure()
+            metrics_handler=metrics_handler or ConfiguredMetricHandler(),
         )
         self._process_workers = workers
         self._logs_specs = workers.logs_specs
@@ -433,7 +440,7 @@ class LocalElasticAgent(SimpleElasticAgent):
                 self._health_check_server = None
                 return
             self._emit(
-                "agent.health_server",
+                kinds.AGENT_HEALTH_SERVER,
                 port=getattr(self._health_check_server, "port", None),
             )
 
@@ -570,7 +577,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         if not report.gpus:
             return None
         if not sampled or not report.healthy:
-            self._emit("agent.gpu_check", healthy=report.healthy, message=report.message)
+            self._emit(kinds.AGENT_GPU_CHECK, healthy=report.healthy, message=report.message)
         return None if report.healthy else report.message
 
     def _log_watchdog_event(self, name: str, request: Any) -> None:
@@ -586,7 +593,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        emit: Callable[[], None] = lambda: self._emit("agent.watchdog", **fields)  # noqa: E731
+        emit: Callable[[], None] = lambda: self._emit(kinds.AGENT_WATCHDOG, **fields)  # noqa: E731
         try:
             if _on_loop_thread(loop):
                 emit()
@@ -603,7 +610,7 @@ def _log_event(spec: WorkerSpec, kind: str, rank: int | None, fields: dict[str, 
     failures; its report and event log say what happened).
     """
     role = spec.role
-    if kind == "torchelastic.worker.status.FAILED":
+    if kind == kinds.WORKER_FAILED:
         code = int(fields.get("exit_code", 0))
         how = ""
         if code < 0:
@@ -621,24 +628,24 @@ def _log_event(spec: WorkerSpec, kind: str, rank: int | None, fields: dict[str, 
             how,
             fields.get("cause", "exited"),
         )
-    elif kind == "agent.restart":
+    elif kind == kinds.AGENT_RESTART:
         reason = fields.get("reason")
-        if reason == "membership":
+        if reason == kinds.RESTART_MEMBERSHIP:
             logger.info(
                 "[%s] Detected a membership change (%s); will restart worker group",
                 role,
-                fields.get("detail") or "membership",
+                fields.get("detail") or kinds.RESTART_MEMBERSHIP,
             )
         else:
             # torch logs the budget before spending one restart; the event has it after
             logger.info(
                 "[%s] Worker group %s. %s/%s attempts left; will restart worker group",
                 role,
-                "UNHEALTHY" if reason == "unhealthy" else "FAILED",
+                "UNHEALTHY" if reason == kinds.RESTART_UNHEALTHY else "FAILED",
                 int(fields.get("remaining_restarts", 0)) + 1,
                 spec.max_restarts,
             )
-    elif kind == "agent.group_started":
+    elif kind == kinds.AGENT_GROUP_STARTED:
         logger.info(
             "[%s] Rendezvous complete for workers. Result: restart_count=%s group_rank=%s "
             "group_world_size=%s world_size=%s attempt=%s",

@@ -1,0 +1,173 @@
+"""What each fault kind does to the simulated cluster: one handler per kind, in ``HANDLERS``.
+
+This table sits beside the parsing table, :data:`sim.scenario.model.KIND_FIELDS` (what each
+kind takes in a scenario file).  Adding a fault kind is one :class:`FaultKind` member, one
+entry in each table, and the model of its behaviour (in :mod:`sim.world`,
+:mod:`sim.workers` or :mod:`sim.store`); tests/test_inject.py checks that every parsed
+kind has a handler and every handler a parsed kind.
+
+A handler gets the cluster, the fault, the node it names (None if it names none or one that
+does not exist yet) and the fields of the ``sim.fault`` event it will be logged with, to
+which it may add (``local_rank``, ``nodes``); it returns whether the fault took effect (a
+fault on a node that is down when it fires does not: ``applied: false``).  Handlers only
+act and schedule: anything later (a restart, a heal, the end of an outage) is a task on the
+simulated clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sim.scenario.model import Fault, FaultKind
+from sim.workers import SIGABRT_EXIT
+from sim.world import Cluster, SimNode
+
+__all__ = ["HANDLERS", "Handler", "apply_fault"]
+
+Handler = Callable[[Cluster, Fault, SimNode | None, dict[str, Any]], bool]
+
+
+def apply_fault(c: Cluster, f: Fault, index: int) -> None:
+    """Apply ``f`` (the ``index``-th fault of the run) and log it as a ``sim.fault`` event."""
+    fields: dict[str, Any] = {"fault": f.kind.value, "index": index}
+    node = c.nodes.get(f.node) if f.node is not None else None
+    if f.node is not None:
+        fields["target"] = f.node
+    if f.category is not None:
+        fields["category"] = f.category  # from failures: (sim/failures.py), for the report
+    fields["applied"] = HANDLERS[f.kind](c, f, node, fields)
+    c.emit("sim.fault", **fields)
+
+
+def _worker_crash(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+    group = node.workers.group if node is not None and node.alive and node.workers else None
+    fields["local_rank"] = lr = f.local_rank or 0
+    if group is None:
+        return False
+    return group.crash(lr, f.exit_code if f.exit_code is not None else 1)
+
+
+def _worker_hang(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+    group = node.workers.group if node is not None and node.alive and node.workers else None
+    fields["local_rank"] = lr = f.local_rank or 0
+    return group is not None and group.hang(lr)
+
+
+def _node_crash(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+    applied = node is not None and node.alive
+    if node is not None:
+        node.crash()
+        if f.restart_after is not None:
+            c.restart_later(node, f.restart_after)
+    return applied
+
+
+def _node_join(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+    new = [c.add_node() for _ in range(f.count or 1)]
+    fields["nodes"] = [n.id for n in new]
+    for n in new:
+        c.start_node(n)
+    return True
+
+
+def _node_leave(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+    applied = node is not None and node.alive
+    if node is not None:
+        c.clock.spawn(node.leave(), name=f"leave-{node.id}")
+    return applied
+
+
+def _preemption(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+    applied = node is not None and node.alive
+    if node is not None:
+        c.clock.spawn(_preempt(node, f.notice or 0.0), name=f"preempt-{node.id}")
+    return applied
+
+
+def _store_outage(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+    c.host.outage_start()
+    c.clock.spawn(_later(c, f.duration or 0.0, c.host.outage_end), name="outage")
+    return True
+
+
+def _network_partition(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+    targets = [c.nodes[i] for i in (f.nodes or ()) if i in c.nodes]
+    fields["nodes"] = [n.id for n in targets]
+    for n in targets:
+        if n.store is not None:
+            n.store.partition_start()
+        if n.workers is not None and n.workers.group is not None:
+            n.workers.group.world.break_("network_partition")
+    c.clock.spawn(_later(c, f.duration or 0.0, lambda: _heal(targets)), name="heal")
+    return True
+
+
+def _slow_node(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+    if f.node is not None:
+        nid = f.node
+        c.training.set_slow(nid, f.factor or 1.0)
+        if f.duration is not None:
+            c.clock.spawn(
+                _later(c, f.duration, lambda: c.training.set_slow(nid, 1.0)), name="unslow"
+            )
+    return True
+
+
+def _gpu_error(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+    if node is None or not node.alive:
+        return False
+    node.gpu_bad = True
+    group = node.workers.group if node.workers else None
+    if group is not None:
+        group.crash(f.local_rank or 0, SIGABRT_EXIT)
+    if f.restart_after is not None:
+        c.pending_starts += 1  # at once: see Cluster.restart_later
+        c.clock.spawn(_repair(c, node, f.restart_after), name=f"repair-{node.id}")
+    return True
+
+
+#: What each fault kind does; the keys are exactly :class:`FaultKind`'s members.
+HANDLERS: dict[FaultKind, Handler] = {
+    FaultKind.WORKER_CRASH: _worker_crash,
+    FaultKind.WORKER_HANG: _worker_hang,
+    FaultKind.NODE_CRASH: _node_crash,
+    FaultKind.NODE_JOIN: _node_join,
+    FaultKind.NODE_LEAVE: _node_leave,
+    FaultKind.PREEMPTION: _preemption,
+    FaultKind.STORE_OUTAGE: _store_outage,
+    FaultKind.NETWORK_PARTITION: _network_partition,
+    FaultKind.SLOW_NODE: _slow_node,
+    FaultKind.GPU_ERROR: _gpu_error,
+}
+
+
+async def _later(c: Cluster, after: float, fn: Callable[[], object]) -> None:
+    await c.clock.sleep(after)
+    fn()
+
+
+def _heal(nodes: list[SimNode]) -> None:
+    for n in nodes:
+        if n.store is not None:
+            n.store.partition_end()
+
+
+async def _preempt(node: SimNode, notice: float) -> None:
+    await node.cluster.clock.sleep(notice)
+    await node.leave()
+
+
+async def _repair(c: Cluster, node: SimNode, after: float) -> None:
+    """The node with a bad GPU is taken out, repaired, and boots a fresh agent."""
+    try:
+        await c.clock.sleep(after)
+        node.gpu_bad = False
+        if node.alive:
+            node.crash()
+        if not c.finished.is_set():
+            c.emit("sim.node_restart", node=node.id)
+            c.start_node(node)
+    finally:
+        c.pending_starts -= 1
+        c.maybe_done()
