@@ -4,7 +4,8 @@
 
 Each worker (``tests/leaky_worker.py``) starts a helper (``sleep``), a double-forked
 daemon that keeps the agent's marker and a double-forked daemon started with
-``env={}`` (no marker: only the agent's subreaper parentage finds it), then exits 1.
+``env={}`` (no marker: only the agent's subreaper parentage and its cgroup find it),
+then exits 1.
 The agent (``--nproc-per-node 2 --max-restarts N``) restarts the group N times.  At
 every attempt the agent's open fds, threads, zombie children and RSS are sampled
 (psutil, from outside).  Afterwards the job's processes are looked for: none may be
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +75,7 @@ class Soak:
     pids: dict[int, list[list[int]]] = field(default_factory=dict)
     seconds: float = 0.0
     stderr: str = ""
+    agent_pid: int = 0
 
 
 def token() -> str:
@@ -124,9 +127,11 @@ def run(
     end: str = "exit",
     env_tag: tuple[str, str] | None = None,
     timeout: float = 600.0,
+    flags: Sequence[str] = (),
 ) -> Soak:
     """Run the job; ``end``: "exit" (let it end), a signal name sent once attempt
-    ``restarts`` is up, or "inject" (the agent raises when it would start that one)."""
+    ``restarts`` is up, or "inject" (the agent raises when it would start that one);
+    ``flags``: more ``elastic run`` flags (``--preload json``, say)."""
     tok = token()
     out = Soak()
     with tempfile.TemporaryDirectory(prefix="soak_") as where:
@@ -145,6 +150,7 @@ def run(
             "0.1",
             "--shutdown-timeout",
             "3",
+            *flags,
             WORKER,
             where,
             mode,
@@ -155,10 +161,12 @@ def run(
         else:
             cmd = [sys.executable, "-m", "elastic.cli", "run", *args]
         t0 = time.monotonic()
-        proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+        # a file, not a pipe: nobody reads a pipe until the end, and a thousand restarts'
+        # log lines fill one (the agent would block writing to it)
+        err = tempfile.TemporaryFile(dir=where)  # noqa: SIM115  # closed below
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
         agent = psutil.Process(proc.pid)
+        out.agent_pid = proc.pid
         deadline = t0 + timeout
         last = restarts if end == "exit" else restarts - (1 if end == "inject" else 0)
 
@@ -182,11 +190,14 @@ def run(
                     time.sleep(0.002)
             if end not in ("exit", "inject"):
                 proc.send_signal(signal.Signals[end])
-            _, out.stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+            proc.wait(timeout=max(deadline - time.monotonic(), 1))
         finally:
             if proc.poll() is None:
                 proc.kill()
-                proc.communicate()
+                proc.wait()
+            err.seek(0)
+            out.stderr = err.read().decode(errors="replace")
+            err.close()
         out.returncode = proc.returncode
         out.seconds = time.monotonic() - t0
         for f in Path(where).iterdir():

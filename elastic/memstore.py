@@ -13,9 +13,13 @@ Invariants
   re-check their condition (a get woken by a set that a delete undid waits again).
 * Watches are indexed by prefix: a mutation costs O(distinct watched prefixes), not
   O(watchers) — a 4,000-node rendezvous must stay O(N).
-* The mutation log keeps the last ``log_limit`` revisions; a watch older than the log
-  returns at once with the current revision (as etcd reports a compacted revision), and
-  the caller re-reads with :meth:`snapshot`.
+* The mutation log keeps the last mutations, at most ``log_limit`` of them and, below
+  that, :data:`LOG_PER_KEY` per live key (at least :data:`LOG_MIN`): a long-running
+  store's memory follows what it holds, not how long it ran (a crash-looping agent's
+  embedded store is flat over its restarts), while a large rendezvous keeps several
+  rounds of history.  A watch older than the log returns at once with the current
+  revision (as etcd reports a compacted revision), and the caller re-reads with
+  :meth:`snapshot`.
 * Leased keys vanish when their lease expires: ``ttl`` after :meth:`_Lease.abandon`
   (the owner stopped renewing) or after its last :meth:`_Lease.refresh`, at once on
   :meth:`_Lease.revoke`.  Expiry is one timer per abandoned lease, never a sweep; a
@@ -39,6 +43,11 @@ from elastic.store import Lease
 __all__ = ["MemoryStore", "StoreStats"]
 
 MAX_VALUE_BYTES = 4 * 1024 * 1024
+#: the mutation log's bound below ``log_limit``: this many entries per live key, at least
+#: LOG_MIN (a round of an N-node rendezvous writes about 5 entries per node and holds
+#: about 4 keys per node, so several rounds are kept)
+LOG_PER_KEY = 16
+LOG_MIN = 1024
 
 
 class StoreStats:
@@ -153,8 +162,17 @@ class MemoryStore:
         for k in keys:
             self._log_revs.append(rev)
             self._log_keys.append(k)
-        if len(self._log_revs) > self._log_limit:
-            cut = len(self._log_revs) - self._log_limit
+        size = len(self._log_revs)
+        cut = 0
+        if size > self._log_limit:
+            cut = size - self._log_limit
+        elif size > LOG_MIN + LOG_MIN // 4:
+            soft = max(LOG_MIN, LOG_PER_KEY * len(self._data))
+            # trimmed by a fifth at a time: a cut shifts the whole list, so one per
+            # mutation would cost O(size) each
+            if size > soft + soft // 4:
+                cut = size - soft
+        if cut:
             del self._log_revs[:cut]
             del self._log_keys[:cut]
         for k in keys:
@@ -302,31 +320,6 @@ class MemoryStore:
             old._keys.discard(key)
         self._mutated((key,))
         return True
-
-    async def delete_prefix(self, prefix: str) -> int:
-        """Delete every key under ``prefix`` as one mutation (one revision); how many.
-
-        Not part of the Store port: a store that has it lets the rendezvous drop a past
-        round's keys in one operation (:mod:`elastic.rendezvous.dynamic_rendezvous`), so
-        that a job's store does not grow with every round it ever ran.
-        """
-        self._check_open()
-        self.stats.ops += 1
-        keys = self._sorted
-        i = j = bisect.bisect_left(keys, prefix)
-        while j < len(keys) and keys[j].startswith(prefix):
-            j += 1
-        gone = keys[i:j]
-        if not gone:
-            return 0
-        del keys[i:j]
-        for k in gone:
-            del self._data[k]
-            old = self._lease_of.pop(k, None)
-            if old is not None:
-                old._keys.discard(k)
-        self._mutated(gone)
-        return len(gone)
 
     async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
         await self.wait(keys, timeout)

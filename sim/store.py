@@ -224,10 +224,6 @@ class SimStoreClient:
     async def delete(self, key: str) -> bool:
         return await self._call(self.host.store.delete, key)
 
-    async def delete_prefix(self, prefix: str) -> int:
-        """One round trip (:meth:`elastic.memstore.MemoryStore.delete_prefix`)."""
-        return await self._call(self.host.store.delete_prefix, prefix)
-
     async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
         return await self._call(self.host.store.multi_get, keys, timeout)
 

@@ -15,13 +15,21 @@ Guarantees:
   loader, so a bad key or value is refused in one line naming the flag, before any run;
 - parallel over the machine's cores with worker *processes* that speak JSON lines on their
   stdin and stdout (``python -m sim.sweep --serve``): multiprocessing's pipes would pickle
-  (DESIGN §3: no pickle anywhere).  Workers are killed and reaped on any exit.
+  (DESIGN §3: no pickle anywhere).  Workers are killed and reaped on any exit;
+- or, with ``--cluster ADDRESS``, on the workers of a Dask scheduler (sim/cluster.py), with
+  the same results: every path runs :func:`run_cell` (JSON text in, JSON text out) and reads
+  its answer with :func:`take_result`, which refuses a result of other code.
+
+Exit codes: 0 — done; 1 — a run crashed or a worker was lost (one line); 2 — bad input
+(one line naming the flag or file).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import hashlib
 import itertools
 import json
 import math
@@ -31,11 +39,12 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 import yaml
 
-from elastic.errors import ConfigError
+from elastic.errors import ConfigError, ElasticError, one_line
 from sim.calibration import apply_calibration, scenario_calibration
 from sim.expect import check
 from sim.losses import BUCKETS
@@ -43,7 +52,20 @@ from sim.run import simulate
 from sim.scenario.model import Scenario
 from sim.scenario.reader import load_scenario, load_scenario_text
 
-__all__ = ["FIGURES", "Setting", "main", "parse_set", "percentile", "run_sweep", "summarize"]
+__all__ = [
+    "FIGURES",
+    "Setting",
+    "SweepError",
+    "code_fingerprint",
+    "job_text",
+    "main",
+    "parse_set",
+    "percentile",
+    "run_cell",
+    "run_sweep",
+    "summarize",
+    "take_result",
+]
 
 #: The report's figures a sweep collects per run (lost_s.* are the lost-time parts).
 FIGURES = (
@@ -58,6 +80,7 @@ FIGURES = (
     *(f"lost_s.{b}" for b in BUCKETS),
 )
 _MAX_RUNS = 100_000
+_MAX_ANSWER = 1 << 20  # bytes of one worker's answer (JSON text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +164,46 @@ def run_one(text: str, source: str, seed: int) -> dict[str, Any]:
     return figures
 
 
+@functools.cache
+def code_fingerprint() -> str:
+    """A hash of the ``elastic`` and ``sim`` sources this process runs (12 hex digits).
+
+    A run is a pure function of (scenario, seed) *and the code*: a cluster worker that runs
+    other code would give other numbers, so every result carries this and the sweep refuses
+    one that differs from its own.
+    """
+    import elastic
+
+    digest = hashlib.sha256()
+    for package in (elastic.__file__, __file__):
+        root = Path(package).resolve().parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(path.relative_to(root.parent).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def run_cell(text: str) -> str:
+    """One run, JSON text in and JSON text out: what a sweep worker (a local process or a
+    Dask worker) executes.  In: ``{"id", "yaml", "source", "seed"}``; out: ``{"id",
+    "figures", "code"}``, or ``{"id", "error"}`` for a scenario the loader refuses, or
+    ``{"id", "crash"}`` (the exception's type and message) for a run that raised.
+
+    Only text crosses the wire: nothing of ours is pickled, and a failure is data, so the
+    caller never has to unpickle an exception.
+    """
+    job = json.loads(text)
+    out: dict[str, Any] = {"id": job["id"]}
+    try:
+        out["figures"] = run_one(job["yaml"], job["source"], int(job["seed"]))
+        out["code"] = code_fingerprint()
+    except ConfigError as error:
+        out["error"] = str(error)
+    except Exception as error:  # a crash is reported as data (see the docstring)
+        out["crash"] = f"{type(error).__name__}: {error}"
+    return json.dumps(out)
+
+
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per figure: mean, p5, p50, p95 over the runs."""
     stats: dict[str, dict[str, float]] = {}
@@ -155,6 +218,47 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return stats
 
 
+class SweepError(ElasticError):
+    """A run crashed, a worker died or gave a result of other code: not bad input (exit 1)."""
+
+
+def job_text(ident: int, text: str, source: str, seed: int) -> str:
+    """The JSON text :func:`run_cell` takes."""
+    return json.dumps({"id": ident, "yaml": text, "source": source, "seed": seed})
+
+
+def take_result(text: str, seeds: dict[int, int]) -> tuple[int, dict[str, Any]]:
+    """A :func:`run_cell` answer → (id, figures); a refused scenario raises ConfigError, a
+    crash or a result of other code (``code`` differs from ours) raises SweepError.
+    ``seeds``: each job id's seed, to name the run that failed."""
+    bad = SweepError(f"a sweep worker answered {text[:80]!r}; expected a result")
+    if len(text) > _MAX_ANSWER:  # one run's figures are about 1 KB
+        raise bad
+    try:
+        message = json.loads(text)
+        ident = int(message["id"])
+    except (ValueError, TypeError, KeyError):
+        raise bad from None
+    if "error" in message:
+        raise ConfigError("elastic sweep", str(message["error"]))
+    seed = seeds.get(ident)
+    if "crash" in message:
+        raise SweepError(
+            f"the run with seed {seed} crashed: {message['crash']}; "
+            f"`elastic sim FILE --seed {seed}` (with the same --set values) shows where"
+        )
+    figures = message.get("figures")
+    if not isinstance(figures, dict):
+        raise bad
+    if message.get("code") != code_fingerprint():
+        raise SweepError(
+            f"a worker runs other elastic/sim code (fingerprint {message.get('code')!r}, "
+            f"ours {code_fingerprint()!r}): its results would differ; install the same "
+            "version on every worker"
+        )
+    return ident, figures
+
+
 def _worker_command() -> list[str]:
     return [sys.executable, "-m", "sim.sweep", "--serve"]
 
@@ -166,9 +270,11 @@ def run_sweep(
 ) -> dict[int, dict[str, Any]]:
     """Run (id, yaml text, source, seed) jobs on ``processes`` workers; results by id."""
     results: dict[int, dict[str, Any]] = {}
+    seeds = {ident: seed for ident, _, _, seed in jobs}
     if processes <= 1 or len(jobs) <= 1:
-        for ident, text, source, seed in jobs:
-            results[ident] = run_one(text, source, seed)
+        for job in jobs:
+            ident, figures = take_result(run_cell(job_text(*job)), seeds)
+            results[ident] = figures
             if on_result is not None:
                 on_result()
         return results
@@ -178,18 +284,20 @@ def run_sweep(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     workers: list[subprocess.Popen[str]] = []
     lock = threading.Lock()
-    errors: list[str] = []
+    errors: list[ElasticError] = []
 
     def read(proc: subprocess.Popen[str]) -> None:
         stdout: IO[str] | None = proc.stdout
         assert stdout is not None
         for line in stdout:
-            message = json.loads(line)
+            try:
+                ident, figures = take_result(line, seeds)
+            except ElasticError as error:
+                with lock:
+                    errors.append(error)
+                continue
             with lock:
-                if "error" in message:
-                    errors.append(str(message["error"]))
-                else:
-                    results[int(message["id"])] = message["figures"]
+                results[ident] = figures
             if on_result is not None:
                 on_result()
 
@@ -208,12 +316,10 @@ def run_sweep(
         for thread in readers:
             thread.start()
         # round robin: runs of one setting (similar cost) spread over every worker
-        for index, (ident, text, source, seed) in enumerate(jobs):
+        for index, job in enumerate(jobs):
             stdin = workers[index % count].stdin
             assert stdin is not None
-            stdin.write(
-                json.dumps({"id": ident, "yaml": text, "source": source, "seed": seed}) + "\n"
-            )
+            stdin.write(job_text(*job) + "\n")
         for w in workers:
             assert w.stdin is not None
             w.stdin.close()
@@ -222,7 +328,7 @@ def run_sweep(
         for thread in readers:
             thread.join()
     except BrokenPipeError:
-        raise RuntimeError("a sweep worker process died; run with --jobs 1 to see why") from None
+        raise SweepError("a sweep worker process died; run with --jobs 1 to see why") from None
     finally:
         for w in workers:
             if w.poll() is None:
@@ -233,23 +339,17 @@ def run_sweep(
                     with contextlib.suppress(BrokenPipeError):
                         pipe.close()
     if errors:
-        raise ConfigError("elastic sweep", errors[0])
+        raise errors[0]
     missing = [ident for ident, *_ in jobs if ident not in results]
     if missing:
-        raise RuntimeError(f"a sweep worker ended without {len(missing)} results")
+        raise SweepError(f"a sweep worker ended without {len(missing)} results")
     return results
 
 
 def _serve() -> int:
     """A worker: one JSON job per stdin line, one JSON result per stdout line."""
     for line in sys.stdin:
-        job = json.loads(line)
-        try:
-            figures = run_one(job["yaml"], job["source"], int(job["seed"]))
-            out: dict[str, Any] = {"id": job["id"], "figures": figures}
-        except ConfigError as error:
-            out = {"id": job["id"], "error": str(error)}
-        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.write(run_cell(line) + "\n")
         sys.stdout.flush()
     return 0
 
@@ -272,9 +372,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--jobs",
         type=int,
-        default=os.cpu_count() or 1,
+        default=None,
         help="worker processes (default: the machine's cores)",
     )
+    p.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="run on the workers of this Dask scheduler (tcp://host:8786 or tls://host:8786) "
+        "instead of local processes; the cluster must be trusted (see sim/cluster.py)",
+    )
+    p.add_argument("--tls-ca-file", metavar="PEM", help="with a tls:// --cluster: the CA")
+    p.add_argument("--tls-cert", metavar="PEM", help="with a tls:// --cluster: our certificate")
+    p.add_argument("--tls-key", metavar="PEM", help="with a tls:// --cluster: its private key")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--plot", metavar="FILE", help="draw goodput/ETTR against the setting")
     return p
@@ -287,8 +396,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not 1 <= args.seeds <= _MAX_RUNS:
             raise ConfigError("--seeds", f"got {args.seeds}; expected 1 to {_MAX_RUNS}")
-        if args.jobs < 1:
+        if args.jobs is not None and args.jobs < 1:
             raise ConfigError("--jobs", f"got {args.jobs}; expected ≥ 1")
+        tls = None
+        if args.cluster is not None:
+            from sim.cluster import ClusterTLS, check_address
+
+            if args.jobs is not None:
+                raise ConfigError(
+                    "--jobs", "the cluster's workers set the parallelism; drop --jobs or --cluster"
+                )
+            check_address(args.cluster)
+            tls = ClusterTLS(args.tls_ca_file, args.tls_cert, args.tls_key)
+        elif args.tls_ca_file or args.tls_cert or args.tls_key:
+            raise ConfigError("--tls-ca-file", "TLS files are for --cluster tls://...; expected it")
         sc = load_scenario(args.scenario)
         axes = [parse_set(text) for text in args.set]
         keys = [k for k, _ in axes]
@@ -323,11 +444,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tqdm import tqdm
 
         bar = tqdm(total=len(jobs), unit="run", desc="sweeping", file=sys.stderr, leave=False)
+    tick = None if bar is None else lambda: bar.update(1)
     try:
-        results = run_sweep(jobs, args.jobs, None if bar is None else lambda: bar.update(1))
+        if args.cluster is not None:
+            from sim.cluster import run_on_cluster
+
+            assert tls is not None
+            results = run_on_cluster(args.cluster, jobs, tick, tls)
+        else:
+            results = run_sweep(jobs, args.jobs or os.cpu_count() or 1, tick)
     except ConfigError as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
+    except SweepError as error:
+        print(f"{prog}: {one_line(str(error))}", file=sys.stderr)
+        return 1
     finally:
         if bar is not None:
             bar.close()

@@ -112,10 +112,12 @@ def test_orders_read_the_same_whatever_the_pipe_splits() -> None:
         value=st.text(st.characters(blacklist_characters="\0", blacklist_categories=["Cs"])),
         first=st.text(st.characters(blacklist_characters="\0", blacklist_categories=["Cs"])),
         quit_=st.booleans(),
+        cgroup=st.text(st.characters(blacklist_characters="\0", blacklist_categories=["Cs"])),
         cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=6),
     )
-    def check(value: str, first: str, quit_: bool, cuts: list[int]) -> None:
+    def check(value: str, first: str, quit_: bool, cgroup: str, cuts: list[int]) -> None:
         stream = marker_message(["NAME", first, "exact"])
+        stream += b"c\0/old\0" + b"c\0" + cgroup.encode("utf-8", "surrogateescape") + b"\0"
         stream += marker_message(["ERR", value, "prefix"]) + (b"q\0" if quit_ else b"")
         orders = _Orders()
         at = 0
@@ -125,5 +127,6 @@ def test_orders_read_the_same_whatever_the_pipe_splits() -> None:
         orders.feed(stream[at:])
         assert orders.needle == needle("ERR", value, "prefix")  # the last marker sent
         assert orders.quit is quit_
+        assert orders.cgroup == os.fsdecode(cgroup.encode("utf-8", "surrogateescape"))
 
     check()

@@ -4,9 +4,12 @@ The fallback start path: workers normally start through the C extension
 :mod:`elastic.real._spawn`, which does all of the below between ``vfork`` and ``exec``
 without a second interpreter.  Where that extension was not built (no C compiler when
 the package was installed), the launcher runs this file as
-``python -I -S <this file> <agent_pid> <executable> <argv0> [args...]`` (isolated,
-without site-packages: it starts in ~15 ms and imports only the standard library).  It
+``python -I -S <this file> [--cgroup <dir>] <agent_pid> <executable> <argv0> [args...]``
+(isolated, without site-packages: it starts in ~15 ms and imports only the standard
+library).  It
 
+0. with ``--cgroup``, moves itself into that cgroup v2 (writes ``0`` to its
+   ``cgroup.procs``; see :mod:`elastic.real.cgroup`), so all the worker forks is born there;
 1. sets ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel SIGKILLs this process when the
    thread that started it (the agent's event-loop thread) dies, whatever the cause;
 2. checks ``getppid()`` is still the agent — if the agent died between the spawn and
@@ -29,6 +32,15 @@ _PR_SET_PDEATHSIG = 1
 
 
 def main() -> None:
+    if sys.argv[1] == "--cgroup":
+        try:
+            fd = os.open(os.path.join(sys.argv[2], "cgroup.procs"), os.O_WRONLY)
+            os.write(fd, b"0")
+            os.close(fd)
+        except OSError as e:
+            sys.stderr.write(f"elastic: cannot join the cgroup {sys.argv[2]}: {e.strerror}\n")
+            os._exit(126)
+        del sys.argv[1:3]
     agent_pid = int(sys.argv[1])
     executable, argv = sys.argv[2], sys.argv[3:]
     libc = ctypes.CDLL(None, use_errno=True)

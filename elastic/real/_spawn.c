@@ -1,8 +1,8 @@
 /*
  * elastic.real._spawn: start a worker with its parent-death signal set, in one exec.
  *
- * spawn(path, argv, envp, fd_map, pgid=0, pdeathsig=9, parent_pid=0, setsid=False)
- *   -> pid
+ * spawn(path, argv, envp, fd_map, pgid=0, pdeathsig=9, parent_pid=0, setsid=False,
+ *       cgroup_fd=-1) -> pid
  *
  * Between vfork() and execve() the child, without running any Python code and using
  * only system calls that are safe there:
@@ -11,6 +11,9 @@
  *      and puts SIGPIPE and SIGXFSZ back to SIG_DFL (Python ignores them, and ignored
  *      signals survive exec; subprocess restores them the same way);
  *   2. setsid() when asked, else setpgid(0, pgid) when pgid >= 0 (0: lead its own group);
+ *   2b. when cgroup_fd >= 0 (an open cgroup v2 ``cgroup.procs``), writes "0" to it: the
+ *      child moves itself into that cgroup before it runs a line of its program, so
+ *      everything it ever forks is born there (elastic.real.cgroup);
  *   3. dup2()s each (source, target) of fd_map in order (a source equal to its target
  *      loses close-on-exec instead, as posix_spawn's DUP2 does);
  *   4. prctl(PR_SET_PDEATHSIG, pdeathsig) when pdeathsig > 0: the kernel signals the
@@ -20,6 +23,7 @@
  *   6. restores the parent's signal mask and execve()s.
  * A failure in steps 2-6 is written (stage and errno) to memory the parent shares
  * during vfork; the child then _exit(127)s, the parent reaps it and raises OSError.
+ * CGROUP_FD (module constant, 1): this build knows cgroup_fd (a stale build lacks it).
  * All arguments are converted to C arrays before vfork, so the child allocates nothing.
  * The calling thread is suspended until the child has exec'd or exited (vfork); other
  * threads of the parent keep running, which is safe for the same reasons as above.
@@ -42,11 +46,11 @@
 #include <unistd.h>
 
 enum stage { ST_NONE = 0, ST_SETSID, ST_SETPGID, ST_DUP2, ST_CLOEXEC, ST_PDEATHSIG,
-             ST_PARENT_GONE, ST_EXEC };
+             ST_PARENT_GONE, ST_EXEC, ST_CGROUP };
 
 static const char *const stage_names[] = {
     "", "setsid", "setpgid", "dup2", "fcntl", "prctl(PR_SET_PDEATHSIG)", "getppid",
-    "execve",
+    "execve", "write(cgroup.procs)",
 };
 
 struct child_args {
@@ -59,6 +63,7 @@ struct child_args {
     int pdeathsig;
     pid_t parent_pid;
     int setsid;
+    int cgroup_fd;
     const sigset_t *old_mask;
     /* written by the child, read by the parent after vfork returns */
     volatile int err_stage;
@@ -89,6 +94,10 @@ static void __attribute__((noinline, noreturn)) child_exec(struct child_args *a)
         if (setsid() < 0) { stage = ST_SETSID; goto fail; }
     } else if (a->pgid >= 0) {
         if (setpgid(0, a->pgid) < 0) { stage = ST_SETPGID; goto fail; }
+    }
+    if (a->cgroup_fd >= 0) {
+        /* "0": the writer itself; before dup2, which may overwrite the descriptor */
+        if (write(a->cgroup_fd, "0", 1) != 1) { stage = ST_CGROUP; goto fail; }
     }
     for (Py_ssize_t i = 0; i < a->n_fds; i++) {
         int src = a->fd_map[2 * i], dst = a->fd_map[2 * i + 1];
@@ -165,13 +174,13 @@ static PyObject *spawn(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     (void)self;
     static char *kwlist[] = {"path", "argv", "envp", "fd_map", "pgid", "pdeathsig",
-                             "parent_pid", "setsid", NULL};
+                             "parent_pid", "setsid", "cgroup_fd", NULL};
     PyObject *path_obj, *argv_obj, *envp_obj, *fd_map_obj;
-    int pgid = 0, pdeathsig = SIGKILL, parent_pid = 0, want_setsid = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&OOO|iiip:spawn", kwlist,
+    int pgid = 0, pdeathsig = SIGKILL, parent_pid = 0, want_setsid = 0, cgroup_fd = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&OOO|iiipi:spawn", kwlist,
                                      PyUnicode_FSConverter, &path_obj, &argv_obj,
                                      &envp_obj, &fd_map_obj, &pgid, &pdeathsig,
-                                     &parent_pid, &want_setsid))
+                                     &parent_pid, &want_setsid, &cgroup_fd))
         return NULL;
 
     PyObject *result = NULL;
@@ -218,6 +227,7 @@ static PyObject *spawn(PyObject *self, PyObject *args, PyObject *kwargs)
         .pdeathsig = pdeathsig,
         .parent_pid = (pid_t)parent_pid,
         .setsid = want_setsid,
+        .cgroup_fd = cgroup_fd,
         .old_mask = &old,
         .err_stage = ST_NONE,
         .err_errno = 0,
@@ -282,12 +292,13 @@ static PyMethodDef methods[] = {
      "Make the calling process a child subreaper (prctl PR_SET_CHILD_SUBREAPER);\n"
      "OSError if the kernel refuses."},
     {"spawn", (PyCFunction)(void (*)(void))spawn, METH_VARARGS | METH_KEYWORDS,
-     "spawn(path, argv, envp, fd_map, pgid=0, pdeathsig=9, parent_pid=0, setsid=False)"
-     " -> pid\n\n"
+     "spawn(path, argv, envp, fd_map, pgid=0, pdeathsig=9, parent_pid=0, setsid=False,"
+     " cgroup_fd=-1) -> pid\n\n"
      "Start path with argv (bytes) and envp (b'NAME=value' items), after dup2'ing each\n"
      "(source, target) of fd_map, joining process group pgid (0: its own; -1: ours)\n"
-     "or a new session, and setting the parent-death signal; OSError if it cannot be\n"
-     "executed (the child is reaped)."},
+     "or a new session, joining the cgroup whose cgroup.procs cgroup_fd is open on,\n"
+     "and setting the parent-death signal; OSError if it cannot be executed (the child\n"
+     "is reaped)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -299,5 +310,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__spawn(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "CGROUP_FD", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -11,5 +11,8 @@ def spawn(
     pdeathsig: int = 9,
     parent_pid: int = 0,
     setsid: bool = False,
+    cgroup_fd: int = -1,
 ) -> int: ...
 def set_child_subreaper() -> None: ...
+
+CGROUP_FD: int

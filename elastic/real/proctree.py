@@ -26,6 +26,10 @@ because each alone has holes:
    :func:`pids_with_env` scans ``/proc/<pid>/environ``.  Misses a descendant started
    with a scrubbed environment (``env={}``), and processes of other users (unreadable).
 
+Where cgroup v2 is usable a fourth net has no such hole: the agent's cgroup
+(:mod:`elastic.real.cgroup`), which the stop kills last and the reaper sidecar kills if
+the agent dies.
+
 Signals go through pidfds (:class:`ProcHandle`): a pid is opened, *then* checked to still
 be the process that was found, then signalled through the fd, so a recycled pid is never
 hit.  The fd also becomes readable when the process exits, which is how the launcher

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 No orphans, ever (a worker that outlives its agent pins a GPU until someone notices).
-Three mechanisms, each covering what the one before cannot:
+Four mechanisms, each covering what the one before cannot:
 
 1. **The worker itself** — every worker starts with ``PR_SET_PDEATHSIG=SIGKILL`` set
    before it runs (between ``vfork`` and ``exec`` in :mod:`elastic.real._spawn`, or by
@@ -25,6 +25,13 @@ Three mechanisms, each covering what the one before cannot:
    (:mod:`elastic.real.proctree`) — including an orphan re-parented to the agent
    itself, such as a double-forked daemon started with ``env={}``
    (``tree_handles(orphans_since=...)``), at every restart and at shutdown.
+4. **The agent's cgroup** — where cgroup v2 is usable (:mod:`elastic.real.cgroup`) every
+   worker joins a cgroup of the agent's before it runs, so everything it forks is born
+   there.  The agent sends the cgroup's path over the pipe (``c``, path) before the
+   first worker joins it; when the agent dies (or says ``k``) the sidecar writes
+   ``cgroup.kill`` — one write kills every process in it, whatever its environment or
+   parentage — waits in ``poll`` for ``cgroup.events`` to say ``populated 0``, and
+   removes the cgroup.  Then the marker sweep above (for whatever ran outside it).
 
 The sidecar runs in its own session (Ctrl-C in the terminal reaches the agent, which
 stops its workers, not the sidecar, which must outlive the agent) and ignores SIGINT,
@@ -41,12 +48,13 @@ instant before the agent was killed is used, and a ``q`` is honoured.  A race cl
 start-up: if the agent died before the sidecar opened its pidfd, ``getppid()`` is no
 longer the agent, and the sidecar decides at once from what the pipe holds.
 
-What it cannot catch: a descendant that dropped the marker (started with a scrubbed
-environment) *and* left the worker's process group and session, once the agent is
-SIGKILLed (it is then re-parented away, and nothing tells it from any other process);
-processes of another user.  While the agent lives, its ``stop()`` finds such a process by
-parentage at every restart and at shutdown, so after a SIGKILL only those started during
-the last attempt can remain.
+What it cannot catch: without a usable cgroup v2 (not root, no cgroup2 mount), a
+descendant that dropped the marker (started with a scrubbed environment) *and* left the
+worker's process group and session, once the agent is SIGKILLed (it is then re-parented
+away, and nothing tells it from any other process); while the agent lives, its ``stop()``
+finds such a process by parentage at every restart and at shutdown, so after a SIGKILL
+only those started during the last attempt can remain.  With the cgroup: a process that
+moved itself to another cgroup (which takes root).
 
 This file runs as ``python -I -S reaper.py <agent_pid>``: standard library only, and
 few modules of it (``os``, ``sys``, ``select``, ``_signal``), so the sidecar is up in
@@ -72,12 +80,15 @@ _SIGKILL = 9
 
 __all__ = [
     "AGENT_MARKER",
+    "CGROUP_PREFIX",
     "ERROR_FILE",
     "GROUP_MARKER",
     "ReaperSidecar",
+    "kill_cgroup",
     "kill_marked",
     "marker_message",
     "needle",
+    "remove_cgroup",
 ]
 
 # The variables that mark a worker's process tree (see elastic.real.proctree, which
@@ -137,16 +148,91 @@ def kill_marked(needle: bytes, *, max_rounds: int = 200) -> int:
     return len(killed)
 
 
+CGROUP_PREFIX = "elastic-"  # the only cgroups the sidecar kills and removes
+_CGROUP_WAIT = 10.0  # seconds for a killed cgroup to empty (a process stuck in the kernel)
+
+
+def kill_cgroup(path: str, timeout: float = _CGROUP_WAIT) -> bool:
+    """SIGKILL everything in the cgroup v2 ``path`` and below (``cgroup.kill``) and wait
+    until it is empty (``populated 0`` in ``cgroup.events``); True if it is (or is gone).
+
+    The kernel kills every process of the subtree, a process forking meanwhile included,
+    in one write.  The wait sleeps in ``poll`` on ``cgroup.events`` (the kernel signals
+    ``POLLPRI`` when it changes), up to ``timeout`` seconds in all.
+    """
+    try:
+        fd = os.open(os.path.join(path, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return True  # removed already
+    try:
+        if _populated(fd):  # (reading it also arms the notification)
+            kfd = os.open(os.path.join(path, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(kfd, b"1")
+            finally:
+                os.close(kfd)
+        select = __import__("select")  # only now: see the imports at the top
+        poller = select.poll()
+        poller.register(fd, select.POLLPRI)
+        monotonic = __import__("time").monotonic
+        deadline = monotonic() + timeout
+        while _populated(fd):
+            left = deadline - monotonic()
+            if left <= 0:
+                return False
+            poller.poll(int(left * 1000) + 1)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _populated(events_fd: int) -> bool:
+    """``populated 1`` in an open ``cgroup.events`` (read from its start)."""
+    return b"populated 1" in os.pread(events_fd, 256, 0)
+
+
+def remove_cgroup(path: str) -> bool:
+    """Remove the cgroup ``path`` and the cgroups below it, deepest first; True if gone.
+
+    Only empty cgroups can be removed (``EBUSY`` otherwise: they are left as they are).
+    A cgroup's files are the kernel's: ``rmdir`` removes a cgroup directory with them.
+    """
+    if not os.path.isdir(path):
+        return True
+    for top, _dirs, _files in os.walk(path, topdown=False):
+        try:
+            os.rmdir(top)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+    return True
+
+
+def _is_agent_cgroup(path: str) -> bool:
+    """A path the sidecar may kill: an ``elastic-*`` cgroup v2 directory (it has
+    ``cgroup.kill``), as the agent creates (:mod:`elastic.real.cgroup`)."""
+    return (
+        os.path.isabs(path)
+        and os.path.basename(path).startswith(CGROUP_PREFIX)
+        and os.path.exists(os.path.join(path, "cgroup.kill"))
+    )
+
+
 _DIR_PREFIX = "elastic_workers_"  # the only directories the sidecar removes
 _MAX_DIRS = 64  # the most recent ones kept; older groups' were removed by the agent
 
 
 class _Orders:
-    """What the agent said over the pipe: its marker (the last one sent), the private
-    directories to remove if it dies, "q" (quit quietly) and "k" (sweep, then quit)."""
+    """What the agent said over the pipe: its marker (the last one sent), its cgroup
+    (the last one sent), the private directories to remove if it dies, "q" (quit
+    quietly) and "k" (sweep, then quit)."""
 
     def __init__(self) -> None:
         self.needle: bytes | None = None
+        self.cgroup: str | None = None
         self.quit = False
         self.sweep = False
         self.dirs: list[str] = []
@@ -161,12 +247,14 @@ class _Orders:
                 self.quit = True
             elif fields[i] == b"k":
                 self.sweep = True
-            elif fields[i] == b"d":
+            elif fields[i] in (b"d", b"c"):
                 if len(fields) - i < 2:
                     self._rest = b"\0".join([*fields[i:], self._rest])
                     return
                 path = os.fsdecode(fields[i + 1])
-                if os.path.basename(path).startswith(_DIR_PREFIX) and path not in self.dirs:
+                if fields[i] == b"c":
+                    self.cgroup = path  # checked when it is used (_is_agent_cgroup)
+                elif os.path.basename(path).startswith(_DIR_PREFIX) and path not in self.dirs:
                     self.dirs = [*self.dirs[-(_MAX_DIRS - 1) :], path]
                 i += 1
             elif fields[i] == b"m":
@@ -239,12 +327,19 @@ def _sidecar(agent_pid: int, pipe: int = 0) -> int:
     # the agent is gone (or asked for a sweep): what it wrote last is still in the pipe
     orders.drain(pipe)
     if orders.quit and not orders.sweep:
-        return 0  # it finished cleanly
+        return 0  # it finished cleanly (and removed its cgroup itself)
+    why = "failed" if orders.sweep else "died"
+    cgroup = orders.cgroup if orders.cgroup and _is_agent_cgroup(orders.cgroup) else None
+    # first: one write kills all the agent's processes, whatever their environment or
+    # parentage (a double-forked env={} daemon included)
+    if cgroup is not None and not kill_cgroup(cgroup):
+        sys.stderr.write(f"elastic reaper: agent {agent_pid} {why}; {cgroup} not emptied\n")
     if orders.needle is not None:
-        n = kill_marked(orders.needle)
+        n = kill_marked(orders.needle)  # what runs outside the cgroup (none was usable)
         if n:
-            why = "failed" if orders.sweep else "died"
             sys.stderr.write(f"elastic reaper: agent {agent_pid} {why}; killed {n} process(es)\n")
+    if cgroup is not None:
+        remove_cgroup(cgroup)
     _remove_dirs(orders.dirs)
     return 0
 
@@ -304,6 +399,12 @@ class ReaperSidecar:
         """
         self.marker = marker
         self._send(marker_message(marker))
+
+    def set_cgroup(self, path: str) -> None:
+        """Tell the sidecar the agent's cgroup (:mod:`elastic.real.cgroup`): if the agent
+        dies, it kills everything in it and removes it.  Call it before the first
+        process is placed there."""
+        self._send(b"c\0" + os.fsencode(path) + b"\0")
 
     def add_dir(self, path: str) -> None:
         """Tell the sidecar a private directory (``elastic_workers_*``) to remove if the

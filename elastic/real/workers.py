@@ -43,25 +43,32 @@ go through a pipe: the loop reads it when readable and a
 ``[<role><local_rank>]:``-prefixed lines to the agent's console.  Streams neither
 redirected nor filtered out are the agent's own stdout/stderr, as in torch.
 
+Cgroup.  Where cgroup v2 is usable the agent has a cgroup of its own and each group a
+leaf in it (:mod:`elastic.real.cgroup`); every worker joins its group's leaf before its
+program runs (the C start path between ``vfork`` and ``exec``, the exec shim before its
+``exec``, a ``fork`` child and a zygote-forked worker first thing), so all it forks is
+born there.  Elsewhere: one debug line, and the nets below alone.
+
 Stopping and orphans.  ``stop(grace, sig)`` signals each live worker's process group and
 every descendant found by parentage or marker (:mod:`elastic.real.proctree`), and every
-orphan re-parented to the agent since its first start (the agent is a child subreaper:
-a double-forked daemon started with ``env={}`` carries no marker but lands there), waits
-— on pidfds, not by polling — up to ``grace`` for all of them, then SIGKILLs and rescans
-until nothing is left.  Every victim's pidfd is closed and every victim that was the
-agent's child reaped as soon as it is gone, and zombie orphans found by a scan are
-reaped: fds and zombies stay flat over restarts (tests/test_soak.py).  If the agent
-fails (``aclose(sweep=True)``, or a stop that raised) the sidecar sweeps every marked
-process before it leaves.  If the agent itself dies, the workers die by their death signal
-and their descendants by the reaper sidecar (:mod:`elastic.real.reaper`); the agent is a
-child subreaper so orphans stay in its tree while it lives.  ``elastic run`` starts the
-sidecar first thing (on the CPU its own start-up leaves idle) and hands it over; it
-learns the marker before the first worker is spawned.  Otherwise it is started right
-after the first group's workers, not before, so its interpreter does not delay theirs;
-that leaves no window that matters: until it is spawned (the same synchronous call that
-spawned the workers, microseconds) no worker has run a line of code, let alone started a
-descendant, and once spawned it checks at start-up that the agent is still its parent
-(killing every marked process if not).
+orphan re-parented to the agent since its first start (the agent is a child subreaper: a
+double-forked daemon started with ``env={}`` carries no marker but lands there), waits —
+on pidfds, not by polling — up to ``grace`` for all of them, then SIGKILLs and rescans
+until nothing is left; then it kills what remains in the group's cgroup
+(``cgroup.kill``, awaiting ``populated 0``) and removes it.  Every victim's pidfd is
+closed and every victim that was the agent's child reaped as soon as it is gone, and
+zombie orphans found by a scan are reaped: fds and zombies stay flat over restarts
+(tests/test_soak.py).  If the agent fails (``aclose(sweep=True)``, or a stop that
+raised) the sidecar sweeps every marked process before it leaves.  If the agent itself
+dies, the workers die by their death signal and their descendants by the reaper sidecar
+(:mod:`elastic.real.reaper`); the agent is a child subreaper so orphans stay in its tree
+while it lives.  ``elastic run`` starts the sidecar first thing (on the CPU its own
+start-up leaves idle) and hands it over; it learns the marker before the first worker is
+spawned.  Otherwise it is started right after the first group's workers, not before, so
+its interpreter does not delay theirs; that leaves no window that matters: until it is
+spawned (the same synchronous call that spawned the workers, microseconds) no worker has
+run a line of code, let alone started a descendant, and once spawned it checks at
+start-up that the agent is still its parent (killing every marked process if not).
 """
 
 from __future__ import annotations
@@ -91,6 +98,8 @@ from elastic.multiprocessing.api import DefaultLogsSpecs, LogsDest, LogsSpecs
 from elastic.multiprocessing.oom import OomCounters, oom_verdict, read_oom_counters
 from elastic.multiprocessing.tail import TeeSink, default_header
 from elastic.real import _fn_runner, proctree
+from elastic.real.cgroup import AgentCgroup, GroupCgroup
+from elastic.real.cgroup import join as join_cgroup
 from elastic.real.reaper import ReaperSidecar
 from elastic.workers import ExitCause, WorkerExit, WorkerLaunch
 
@@ -211,8 +220,12 @@ class ProcessGroup:
         oom_before: OomCounters,
         kill_timeout: float,
         orphans_since: int | None = None,
+        cgroup: GroupCgroup | None = None,
     ) -> None:
         self._loop = loop
+        #: the group's leaf cgroup, which every worker joins before it runs (None: no
+        #: cgroup v2 here; see elastic.real.cgroup)
+        self.cgroup = cgroup
         self.marker = marker
         self.logs = dest
         self._private_dir = private_dir
@@ -506,6 +519,12 @@ class ProcessGroup:
                     sorted({w.pid for w in self._live()} | set(victims)),
                 )
                 break
+        if self.cgroup is not None:
+            # the last net: whatever of the group the scans missed (a daemon that left
+            # every tree the scans know) dies with the cgroup; usually it is empty by now
+            if await self.cgroup.kill(max(deadline - time.monotonic(), 1.0)):
+                nothing_left = False  # killed orphans of ours are zombies to reap below
+            self.cgroup.remove()
         for v in victims.values():
             v.reap()
             v.close()
@@ -608,11 +627,13 @@ class ProcessWorkers:
         subreaper: bool = True,
         reaper: bool | ReaperSidecar = True,
         kill_timeout: float = 10.0,
+        cgroups: bool = True,
     ) -> None:
         """``reaper``: True to start a sidecar with the first group, False for none, or a
         sidecar already started (``elastic run`` starts one first thing) to send the
         marker to before the first worker is spawned; it is this object's from then on
-        (:meth:`aclose` lets it go)."""
+        (:meth:`aclose` lets it go).  ``cgroups``: put the workers in a cgroup of the
+        agent's where cgroup v2 allows (:mod:`elastic.real.cgroup`); False: never."""
         if start_method not in ("spawn", "fork"):
             raise ConfigError(
                 "--start-method", f"{start_method!r} is not supported: use spawn or fork"
@@ -633,6 +654,10 @@ class ProcessWorkers:
         self._sidecar: ReaperSidecar | None = None
         self._became_subreaper = False
         self._orphans_since: int | None = None
+        self._cgroups = cgroups
+        #: the agent's cgroup (elastic.real.cgroup), made at the first start; None
+        #: before, or where cgroup v2 is unavailable
+        self.cgroup: AgentCgroup | None = None
         self._groups: list[ProcessGroup] = []  # started and not yet cleanly stopped
         #: set by the agent for ``--preload`` (:mod:`elastic.real.zygote`)
         self.zygote: Zygote | None = None
@@ -678,6 +703,8 @@ class ProcessWorkers:
 
     def _kill_orphans(self) -> None:
         """SIGKILL, best effort, every process of this agent's tree still alive."""
+        if self.cgroup is not None:
+            self.cgroup.kill_now()
         if self._agent_marker is None:
             return
         try:
@@ -716,6 +743,10 @@ class ProcessWorkers:
         self._groups.clear()
         if sweep:
             self._kill_orphans()
+        if self.cgroup is not None:
+            # before the sidecar is let go: it would remove the cgroup if we died here
+            cgroup, self.cgroup = self.cgroup, None
+            await cgroup.close(self._kill_timeout)
         sidecar = self._sidecar
         if sidecar is None or sidecar.pid is None:
             return
@@ -761,6 +792,9 @@ class ProcessWorkers:
             if self._became_subreaper:
                 # a tick early: /proc counts start times in whole ticks, rounded down
                 self._orphans_since = proctree.start_ticks() - 1
+        if self._cgroups is True:
+            self._cgroups = False  # tried once: the fallback's debug line is logged once
+            self.cgroup = _agent_cgroup()
 
         # the logs specs read run id and attempt from the env; they may only add
         # TORCHELASTIC_ERROR_FILE to what the worker gets
@@ -776,6 +810,8 @@ class ProcessWorkers:
             self._sidecar = self._reaper
             self._sidecar.start()  # idempotent: normally it is up already
             self._sidecar.set_marker(self._agent_marker.argv())
+            if self.cgroup is not None:
+                self._sidecar.set_cgroup(self.cgroup.path)
         self._groups = [g for g in self._groups if not g.stopped_cleanly()]
         private_dir = tempfile.mkdtemp(prefix=PRIVATE_DIR_PREFIX)
         if self._sidecar is not None:
@@ -788,6 +824,7 @@ class ProcessWorkers:
             read_oom_counters(),
             self._kill_timeout,
             self._orphans_since,
+            self.cgroup.group() if self.cgroup is not None else None,
         )
         self._groups.append(group)
         try:
@@ -808,6 +845,8 @@ class ProcessWorkers:
             assert self._agent_marker is not None  # chosen by _markers above
             self._sidecar = ReaperSidecar(self._agent_marker.argv())
             self._sidecar.start()
+            if self.cgroup is not None:
+                self._sidecar.set_cgroup(self.cgroup.path)
             self._sidecar.add_dir(private_dir)
         return group
 
@@ -883,14 +922,15 @@ class ProcessWorkers:
                     json.dump(spec, f)
                 argv = [sys.executable, sys.executable, _RUNNER, spec_path]
         dups, to_close, tee_fds = self._streams(group, la, dest)
+        cgroup = group.cgroup.path if group.cgroup is not None else None
         try:
             if fork_fn is not None:
                 assert result_path is not None
-                pid = self._fork(fork_fn, args, env, dups, result_path)
+                pid = self._fork(fork_fn, args, env, dups, result_path, cgroup)
             else:
                 # --preload: forked from the zygote when it can (None: start cold)
-                zygote_pid = self.zygote.spawn(argv, env, dups) if self.zygote else None
-                pid = _spawn(argv, env, dups) if zygote_pid is None else zygote_pid
+                zygote_pid = self.zygote.spawn(argv, env, dups, cgroup) if self.zygote else None
+                pid = _spawn(argv, env, dups, cgroup) if zygote_pid is None else zygote_pid
         finally:
             for fd in to_close:
                 os.close(fd)
@@ -916,6 +956,7 @@ class ProcessWorkers:
         env: dict[str, str],
         dups: list[tuple[int, int]],
         result_path: str,
+        cgroup: str | None = None,
     ) -> int:
         agent = os.getpid()
         sys.stdout.flush()
@@ -927,6 +968,8 @@ class ProcessWorkers:
             return pid
         code = 1
         try:  # the child: never return into the agent's event loop
+            if cgroup is not None:
+                join_cgroup(cgroup)  # before it can fork (see elastic.real.cgroup)
             os.setpgid(0, 0)
             import ctypes  # here: ~2 ms of the agent's start-up otherwise
 
@@ -954,7 +997,12 @@ class ProcessWorkers:
             os._exit(code)
 
 
-def _spawn(argv: list[str], env: Mapping[str, str], dups: list[tuple[int, int]]) -> int:
+def _spawn(
+    argv: list[str],
+    env: Mapping[str, str],
+    dups: list[tuple[int, int]],
+    cgroup: str | None = None,
+) -> int:
     """Start ``argv[0]`` (a path) as ``argv[1:]``, tied to the agent; return its pid.
 
     In its own session (so its own process group, whose id is its pid), as torch starts
@@ -962,18 +1010,24 @@ def _spawn(argv: list[str], env: Mapping[str, str], dups: list[tuple[int, int]])
     and ``PR_SET_PDEATHSIG=SIGKILL`` set before it runs.  A session of its own also gives
     it its own scheduling autogroup, as torch's workers have, where the kernel groups by
     session.  ``argv`` is the executable
-    followed by the worker's ``argv`` (``argv[1]`` is its ``argv[0]``).
+    followed by the worker's ``argv`` (``argv[1]`` is its ``argv[0]``).  ``cgroup``: a
+    cgroup v2 directory it joins before its program runs (:mod:`elastic.real.cgroup`).
     """
     agent = os.getpid()
     if _cspawn is None:
+        shim = [_SHIM, "--cgroup", cgroup] if cgroup is not None else [_SHIM]
         return os.posix_spawn(
             sys.executable,
-            [sys.executable, "-I", "-S", _SHIM, str(agent), *argv],
+            [sys.executable, "-I", "-S", *shim, str(agent), *argv],
             env,
             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in dups],
             setsid=True,
         )
     path = argv[0]
+    try:
+        cgroup_fd = -1 if cgroup is None else GroupCgroup(cgroup).open_procs()
+    except OSError as e:
+        raise ElasticError(f"cannot start worker {path!r} in the cgroup {cgroup}: {e}") from None
     try:
         return _cspawn.spawn(
             os.fsencode(path),
@@ -983,15 +1037,32 @@ def _spawn(argv: list[str], env: Mapping[str, str], dups: list[tuple[int, int]])
             pdeathsig=signal.SIGKILL,
             parent_pid=agent,
             setsid=True,
+            cgroup_fd=cgroup_fd,
         )
-    except (FileNotFoundError, PermissionError) as e:
-        raise ConfigError("entrypoint", f"cannot execute {path!r}: {e.strerror}") from None
     except OSError as e:
+        # only execve's failure names the file; a step before it (joining the cgroup, say)
+        # is the launcher's failure, not the entrypoint's, whatever its errno
+        if isinstance(e, (FileNotFoundError, PermissionError)) and e.filename is not None:
+            raise ConfigError("entrypoint", f"cannot execute {path!r}: {e.strerror}") from None
         if e.errno == errno.ENOEXEC:
             raise ConfigError(
                 "entrypoint", f"cannot execute {path!r}: not a program or script ({e.strerror})"
             ) from None
         raise ElasticError(f"cannot start worker {path!r}: {e}") from None
+    finally:
+        if cgroup_fd >= 0:
+            os.close(cgroup_fd)
+
+
+def _agent_cgroup() -> AgentCgroup | None:
+    """The agent's cgroup, or None (one debug line: see elastic.real.cgroup)."""
+    if _cspawn is not None and not hasattr(_cspawn, "CGROUP_FD"):
+        logger.debug(
+            "the spawn extension predates cgroup support (reinstall: pip install -e .): "
+            "workers are tracked without a cgroup"
+        )
+        return None
+    return AgentCgroup.create()
 
 
 def _resolve_executable(entrypoint: str, env: Mapping[str, str]) -> str:

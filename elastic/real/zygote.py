@@ -55,7 +55,9 @@ of these.  The zygote's ``PYTHONHASHSEED``-derived string hash seed is shared by
 workers it forks.
 
 No orphans: the zygote dies with the agent (its death signal), exits when the agent
-closes the socket, and is SIGKILLed and reaped by :meth:`Zygote.close`.
+closes the socket, and is SIGKILLed and reaped by :meth:`Zygote.close`.  A forked worker
+joins its group's cgroup (:mod:`elastic.real.cgroup`) before anything else; the zygote
+stays outside it, so a group's stop, which kills that cgroup, leaves the zygote be.
 """
 
 from __future__ import annotations
@@ -268,10 +270,16 @@ class Zygote:
     # -- workers ---------------------------------------------------------------------------
 
     def spawn(
-        self, argv: Sequence[str], env: Mapping[str, str], dups: Sequence[tuple[int, int]]
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        dups: Sequence[tuple[int, int]],
+        cgroup: str | None = None,
     ) -> int | None:
-        """Fork one worker (``argv`` and ``dups`` as for ``workers._spawn``); its pid, or
-        None when this launch must start cold (the reason is logged once)."""
+        """Fork one worker (``argv``, ``dups`` and ``cgroup`` as for ``workers._spawn``);
+        its pid, or None when this launch must start cold (the reason is logged once).
+        The forked worker joins ``cgroup`` first thing, before it can fork; the zygote
+        stays outside it (a group's stop kills the cgroup)."""
         sock = self._sock
         if sock is None or self.unusable is not None:
             return None
@@ -288,7 +296,7 @@ class Zygote:
             if target in fds:
                 fds[target] = source
         request = json.dumps(
-            {"argv": list(argv[1:]), "env": dict(env), "agent": os.getpid()}
+            {"argv": list(argv[1:]), "env": dict(env), "agent": os.getpid(), "cgroup": cgroup}
         ).encode()
         if len(request) > _MAX_MESSAGE:
             self._once("size", f"a request of {len(request)} bytes (limit {_MAX_MESSAGE})")
@@ -579,6 +587,17 @@ def _become_worker(job: dict[str, Any]) -> tuple[str, str, list[str]]:
     import signal
 
     forker: _Forker = job["forker"]
+    cgroup = job["req"].get("cgroup")
+    if isinstance(cgroup, str):  # first: nothing this process forks may be born outside
+        try:
+            fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+        except OSError as e:
+            os.write(2, f"elastic: cannot join the cgroup {cgroup}: {e.strerror}\n".encode())
+            os._exit(126)
     forker.set_pdeathsig(signal.SIGKILL)
     if os.getppid() != job["agent"]:  # the agent died before the death signal was set
         os.kill(os.getpid(), signal.SIGKILL)

@@ -42,7 +42,9 @@ it also runs the ring check above: when a member's lease expires, the round ends
 member's address until their join timeout.
 
 Each round has its own store, ``elastic/rdzv/<run_id>/s/<r>/`` (a :class:`PrefixStore`),
-where rank 0 publishes MASTER_ADDR/MASTER_PORT.
+where rank 0 publishes MASTER_ADDR/MASTER_PORT.  Round ``r``'s keys (``r<r>/``,
+``state/r<r>/``) and its store are deleted once round ``r + 1`` is complete and a new
+round opens (nobody reads them then): the store does not grow with restarts.
 
 Two ways to build the handler
 -----------------------------
@@ -361,6 +363,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._port_chooser = port_chooser
         # where each round's store lives (torch's ``store`` of from_backend); else ``store``
         self._round_store = store if round_store is None else round_store
+        # keys this node wrote in a round, to delete once a later round opens (round,
+        # key); and the background deletes' tasks (referenced while they run)
+        self._own_keys: list[tuple[int, str]] = []
+        self._drop_task: Task[None] | None = None
+        self._drop_own_task: Task[None] | None = None
         self._core = CoreSettings(
             settings.min_nodes,
             settings.max_nodes,
@@ -684,7 +691,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         clock, store = self._clock, self._store
         mprefix = self._rk(r, "m/")
         result_key = self._ek(r, "result")
+        self._drop_own_keys(r)
         await store.set(mprefix + self._node, b"", lease=self._lease)
+        self._own_keys.append((r, mprefix + self._node))
         n = await store.add(self._rk(r, "count"), 1)
         logger.info(
             "The node '%s' added itself to the participants of round %s of the rendezvous "
@@ -819,6 +828,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._redundant = role is NodeStatus.REDUNDANT
         key = self._rk(r, "x", self._node) if self._redundant else self._rk(r, "ev/w", self._node)
         await self._store.set(key, b"", lease=self._lease)
+        self._own_keys.append((r, key))
         logger.info(
             "The node '%s' added itself to the %s of round %s of the rendezvous '%s'. "
             "Pending sync.",
@@ -843,7 +853,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return
         await self._store.set(self._ek(r, "next"), _dump({"version": _VERSION, "round": r + 1}))
         if r >= 1:  # nobody reads round r-1 any more (round r+1's decider reads round r)
-            dropped = [
+            removed = [
                 await self._store.delete(key)
                 for key in (
                     self._ek(r - 1, "result"),
@@ -851,15 +861,47 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     self._ek(r - 1, "next"),
                 )
             ]
-            if dropped[0]:
-                # and the rest of round r-1: its members, wait and redundancy lists and
-                # round store (master address, rank exchange), one operation each where
-                # the store can (the simulator's and the in-memory store); kept, a 54-day
-                # job's store grew by every round it ran (3 keys per node per round).
-                # Only the member whose delete of the result took it does this (every
-                # member of round r comes here): two operations per round, not per node.
-                await _delete_prefix(self._store, self._rk(r - 1, ""))
-                await _delete_prefix(self._round_store, f"{self._base}/s/{r - 1}/")
+            # and round r-1's store: O(members) deletes, off the join's path, by the one
+            # node whose delete removed the result (every member asking again gets here:
+            # compare_set returns the desired state to them too); each node deletes its
+            # own keys of past rounds as it joins (_drop_own_keys)
+            if removed[0]:
+                self._drop_task = self._clock.spawn(self._drop_round(r - 1), name="rdzv-drop-round")
+
+    async def _drop_round(self, r: int) -> None:
+        """Delete round ``r``'s store ``s/<r>/`` (addresses, the agents' ranks) and its
+        ``ev/lost``, which nobody reads once round ``r + 1`` is complete: the store stays
+        flat however many times the job restarts.  Nobody watches the round stores, so
+        the deletes wake nobody.  Best effort: a store that is gone or cannot list keys
+        keeps them."""
+        try:
+            await self._store.delete(self._rk(r, "ev/lost"))
+            store = self._round_store
+            _, keys = await store.snapshot(f"{self._base}/s/{r}/")
+            for key in sorted(keys):
+                await store.delete(key)
+        except Exception as e:  # nobody joins this task: log, not raise
+            logger.debug("round %s's keys were not deleted: %s", r, e)
+
+    def _drop_own_keys(self, r: int) -> None:
+        """Delete, in the background, the keys this node wrote in rounds before ``r``
+        (its ``m/`` entry, its wait or redundancy list entry): leased, they would
+        otherwise live as long as the node.  Called as it joins round ``r``: round
+        ``r - 1`` is complete and its members no longer watch, and the deletes land
+        before round ``r`` completes, when its members start to watch."""
+        stale = [key for rk, key in self._own_keys if rk < r]
+        if not stale:
+            return
+        self._own_keys = [(rk, key) for rk, key in self._own_keys if rk >= r]
+
+        async def drop() -> None:
+            try:
+                for key in stale:
+                    await self._store.delete(key)
+            except Exception as e:  # nobody joins this task: log, not raise
+                logger.debug("keys %s were not deleted: %s", stale, e)
+
+        self._drop_own_task = self._clock.spawn(drop(), name="rdzv-drop-own")
 
     async def _close(self) -> None:
         while True:
@@ -895,16 +937,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
             f"'{self.get_run_id()}' after join_timeout={self._core.join_timeout:g}s{joined}; "
             "start more nodes or raise join_timeout in --rdzv-conf."
         )
-
-
-async def _delete_prefix(store: Store, prefix: str) -> None:
-    """Delete the keys under ``prefix`` if ``store`` can in one operation
-    (``delete_prefix``: :class:`elastic.memstore.MemoryStore`, the simulator's store);
-    a store without it (the TCP store, etcd, a torch backend) keeps them, as torch's
-    TCPStore keeps every round's keys."""
-    drop = getattr(store, "delete_prefix", None)
-    if drop is not None:
-        await drop(prefix)
 
 
 def _get_timeout(params: RendezvousParameters, key: str) -> timedelta | None:
