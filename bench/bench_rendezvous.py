@@ -62,7 +62,7 @@ def one(n: int) -> dict[str, float]:
         raise clock.unobserved[0][1]
     assert len(infos) == n and sorted(i.rank for i in infos) == list(range(n))
     stats = host.store.stats
-    events = next(clock.env._eid)  # simpy's event id counter: events scheduled so far
+    events = clock.events()  # queue entries scheduled so far (sim/clock.py _Env)
     return {
         "n": n,
         "wall": wall,

@@ -48,6 +48,8 @@ MAX_VALUE_BYTES = 4 * 1024 * 1024
 #: about 4 keys per node, so several rounds are kept)
 LOG_PER_KEY = 16
 LOG_MIN = 1024
+#: watched prefixes whose changes are indexed at once (MemoryStore._changed_since)
+_MAX_PREFIX_INDEXES = 64
 
 
 class StoreStats:
@@ -77,12 +79,25 @@ class _Lease(Lease):
         return self.state != "expired"
 
     def abandon(self) -> None:
+        self.abandon_since(None)
+
+    def abandon_since(self, renewed_at: float | None) -> None:
+        """The owner's renewals stopped reaching the store: the lease expires ``ttl`` after
+        the last one that did (``renewed_at``, not later than now; None: now)."""
         if self.state != "alive":
             return
         self.state = "abandoned"
         self._gen += 1
-        self.expires_at = self._store._clock.now() + self.ttl
-        self._store._clock.spawn(self._expire_later(self._gen), name=f"lease-{self.id}-expiry")
+        now = self._store._clock.now()
+        first = self.ttl
+        if renewed_at is not None and renewed_at < now:
+            first = max(0.0, renewed_at + self.ttl - now)
+            self.expires_at = renewed_at + self.ttl
+        else:
+            self.expires_at = now + self.ttl
+        self._store._clock.spawn(
+            self._expire_later(self._gen, first), name=f"lease-{self.id}-expiry"
+        )
 
     def resume(self) -> None:
         """The owner's renewals reach the store again (a healed partition)."""
@@ -110,10 +125,10 @@ class _Lease(Lease):
             return
         self.expires_at = now + self.ttl
 
-    async def _expire_later(self, gen: int) -> None:
+    async def _expire_later(self, gen: int, first: float) -> None:
         store = self._store
         clock = store._clock
-        await clock.sleep(self.ttl)
+        await clock.sleep(first)
         while self._gen == gen and self.state == "abandoned":
             if store._expiry_paused is not None:
                 await store._expiry_paused.wait()  # no store runs: nothing expires
@@ -143,6 +158,8 @@ class MemoryStore:
         self._log_revs: list[int] = []
         self._log_keys: list[str] = []
         self._log_limit = log_limit
+        # prefix -> [lo, upto, revisions in (lo, upto] that changed a key under it]
+        self._prefix_revs: dict[str, list[Any]] = {}
         self._key_waiters: dict[str, list[OneShot]] = {}
         self._watchers: dict[str, list[OneShot]] = {}
         self._next_lease = 1
@@ -173,6 +190,11 @@ class MemoryStore:
             if size > soft + soft // 4:
                 cut = size - soft
         if cut:
+            # whole revisions only: a watch from just before a revision that changed
+            # several keys must see all of them or learn that the log was compacted
+            revs = self._log_revs
+            while cut < len(revs) and revs[cut] == revs[cut - 1]:
+                cut += 1
             del self._log_revs[:cut]
             del self._log_keys[:cut]
         for k in keys:
@@ -359,15 +381,36 @@ class MemoryStore:
         return self._revision, out
 
     def _changed_since(self, prefix: str, after: int) -> int | None:
+        """The first revision after ``after`` that changed a key under ``prefix`` (None: none).
+
+        Performance: thousands of simulated agents watch the same few prefixes from
+        revisions a round of writes behind; scanning the log from ``after`` on every call
+        cost O(nodes) each, O(nodes²) a round (18 s of 106 at 2,048 nodes).  Each watched
+        prefix keeps the revisions that touched it (``_prefix_revs``), extended by the log
+        entries since it was last read, so a call costs a bisection plus the new entries.
+        """
         if after >= self._revision:
             return None
-        if not self._log_revs or after + 1 < self._log_revs[0]:
+        log_revs = self._log_revs
+        if not log_revs or after + 1 < log_revs[0]:
             return self._revision  # compacted: tell the caller to re-read
-        i = bisect.bisect_right(self._log_revs, after)
-        for j in range(i, len(self._log_revs)):
-            if self._log_keys[j].startswith(prefix):
-                return self._log_revs[j]
-        return None
+        index = self._prefix_revs.get(prefix)
+        if index is None or after < index[0]:
+            if index is None and len(self._prefix_revs) >= _MAX_PREFIX_INDEXES:
+                self._prefix_revs.clear()  # rebuilt on demand; bounded memory
+            index = self._prefix_revs[prefix] = [after, after, []]
+        _, upto, revs = index
+        if upto < self._revision:
+            keys = self._log_keys
+            for j in range(bisect.bisect_right(log_revs, upto), len(log_revs)):
+                if keys[j].startswith(prefix):
+                    revs.append(log_revs[j])
+            index[1] = self._revision
+            if revs and revs[0] < log_revs[0]:  # forget what the log has compacted away
+                del revs[: bisect.bisect_left(revs, log_revs[0])]
+                index[0] = log_revs[0] - 1
+        i = bisect.bisect_right(revs, after)
+        return revs[i] if i < len(revs) else None
 
     async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
         self._check_open()

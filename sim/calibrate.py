@@ -44,7 +44,7 @@ from typing import Any
 from elastic.errors import ConfigError
 from elastic.events import AgentEvent, kinds
 from sim.calibration import Calibration
-from sim.scenario.model import Scenario, Store
+from sim.scenario.model import Scenario, StoreSpec
 from sim.scenario.reader import load_scenario_text
 
 __all__ = ["CALIBRATION_SCENARIO", "main", "measure", "phases"]
@@ -194,7 +194,7 @@ def assign_round_trips(sc: Scenario) -> float:
     from sim.run import simulate
 
     latency = 0.0005
-    result = simulate(replace(sc, store=Store(latency=latency), faults=()), keep_events=True)
+    result = simulate(replace(sc, store=StoreSpec(latency=latency), faults=()), keep_events=True)
     durations = [
         float(e.fields["duration_ms"]) / 1000
         for e in result.events

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic.errors import ConfigError
-from sim.scenario.model import Scenario, Store
+from sim.scenario.model import Scenario, StoreSpec
 
 __all__ = [
     "MAX_CALIBRATION_BYTES",
@@ -80,8 +80,8 @@ class Calibration:
             (self.spawn_s or 0.0) * k, (self.stop_s or 0.0) * k, (self.reaction_s or 0.0) * k
         )
 
-    def store(self, time_scale: float = 1.0) -> Store:
-        return Store(latency=(self.store_rtt_s or 0.0) / 2 * time_scale)
+    def store(self, time_scale: float = 1.0) -> StoreSpec:
+        return StoreSpec(latency=(self.store_rtt_s or 0.0) / 2 * time_scale)
 
     def apply_store(self, sc: Scenario, time_scale: float = 1.0) -> Scenario:
         """``sc`` with the measured store latency (unchanged when none was measured)."""

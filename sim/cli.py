@@ -26,7 +26,7 @@ from contextlib import contextmanager, suppress
 from typing import IO, Any, NoReturn
 
 from elastic.errors import ConfigError
-from elastic.events import TeeSink
+from elastic.events import FanOutSink
 from sim.calibration import apply_calibration, load_calibration, scenario_calibration
 from sim.expect import check
 from sim.losses import summary_rows
@@ -341,7 +341,7 @@ def _run_and_judge(
 ) -> SimResult | tuple[int, str]:
     """Run the scenario (twice with --check-determinism), streaming its log to ``sinks``;
     write --events and --plot.  The result, or (exit code, the one line to print)."""
-    sink: Any = None if not sinks else sinks[0] if len(sinks) == 1 else TeeSink(*sinks)
+    sink: Any = None if not sinks else sinks[0] if len(sinks) == 1 else FanOutSink(*sinks)
     try:
         with _progress_bar(show, "simulating") as progress:
             result = simulate(

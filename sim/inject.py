@@ -21,14 +21,14 @@ from typing import Any
 
 from sim.scenario.model import Fault, FaultKind
 from sim.workers import SIGABRT_EXIT
-from sim.world import Cluster, SimNode
+from sim.world import SimCluster, SimNode
 
 __all__ = ["HANDLERS", "Handler", "apply_fault"]
 
-Handler = Callable[[Cluster, Fault, SimNode | None, dict[str, Any]], bool]
+Handler = Callable[[SimCluster, Fault, SimNode | None, dict[str, Any]], bool]
 
 
-def apply_fault(c: Cluster, f: Fault, index: int) -> None:
+def apply_fault(c: SimCluster, f: Fault, index: int) -> None:
     """Apply ``f`` (the ``index``-th fault of the run) and log it as a ``sim.fault`` event."""
     fields: dict[str, Any] = {"fault": f.kind.value, "index": index}
     node = c.nodes.get(f.node) if f.node is not None else None
@@ -40,7 +40,7 @@ def apply_fault(c: Cluster, f: Fault, index: int) -> None:
     c.emit("sim.fault", **fields)
 
 
-def _worker_crash(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+def _worker_crash(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
     group = node.workers.group if node is not None and node.alive and node.workers else None
     fields["local_rank"] = lr = f.local_rank or 0
     if group is None:
@@ -48,13 +48,13 @@ def _worker_crash(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, 
     return group.crash(lr, f.exit_code if f.exit_code is not None else 1)
 
 
-def _worker_hang(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+def _worker_hang(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
     group = node.workers.group if node is not None and node.alive and node.workers else None
     fields["local_rank"] = lr = f.local_rank or 0
     return group is not None and group.hang(lr)
 
 
-def _node_crash(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+def _node_crash(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
     applied = node is not None and node.alive
     if node is not None:
         node.crash()
@@ -63,7 +63,7 @@ def _node_crash(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, An
     return applied
 
 
-def _node_join(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+def _node_join(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
     new = [c.add_node() for _ in range(f.count or 1)]
     fields["nodes"] = [n.id for n in new]
     for n in new:
@@ -71,27 +71,29 @@ def _node_join(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any
     return True
 
 
-def _node_leave(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+def _node_leave(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
     applied = node is not None and node.alive
     if node is not None:
         c.clock.spawn(node.leave(), name=f"leave-{node.id}")
     return applied
 
 
-def _preemption(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+def _preemption(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
     applied = node is not None and node.alive
     if node is not None:
         c.clock.spawn(_preempt(node, f.notice or 0.0), name=f"preempt-{node.id}")
     return applied
 
 
-def _store_outage(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+def _store_outage(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
     c.host.outage_start()
     c.clock.spawn(_later(c, f.duration or 0.0, c.host.outage_end), name="outage")
     return True
 
 
-def _network_partition(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+def _network_partition(
+    c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]
+) -> bool:
     targets = [c.nodes[i] for i in (f.nodes or ()) if i in c.nodes]
     fields["nodes"] = [n.id for n in targets]
     for n in targets:
@@ -103,7 +105,7 @@ def _network_partition(c: Cluster, f: Fault, node: SimNode | None, fields: dict[
     return True
 
 
-def _slow_node(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+def _slow_node(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
     if f.node is not None:
         nid = f.node
         c.training.set_slow(nid, f.factor or 1.0)
@@ -114,7 +116,7 @@ def _slow_node(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any
     return True
 
 
-def _gpu_error(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
+def _gpu_error(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
     if node is None or not node.alive:
         return False
     node.gpu_bad = True
@@ -122,7 +124,7 @@ def _gpu_error(c: Cluster, f: Fault, node: SimNode | None, fields: dict[str, Any
     if group is not None:
         group.crash(f.local_rank or 0, SIGABRT_EXIT)
     if f.restart_after is not None:
-        c.pending_starts += 1  # at once: see Cluster.restart_later
+        c.pending_starts += 1  # at once: see SimCluster.restart_later
         c.clock.spawn(_repair(c, node, f.restart_after), name=f"repair-{node.id}")
     return True
 
@@ -142,7 +144,7 @@ HANDLERS: dict[FaultKind, Handler] = {
 }
 
 
-async def _later(c: Cluster, after: float, fn: Callable[[], object]) -> None:
+async def _later(c: SimCluster, after: float, fn: Callable[[], object]) -> None:
     await c.clock.sleep(after)
     fn()
 
@@ -158,7 +160,7 @@ async def _preempt(node: SimNode, notice: float) -> None:
     await node.leave()
 
 
-async def _repair(c: Cluster, node: SimNode, after: float) -> None:
+async def _repair(c: SimCluster, node: SimNode, after: float) -> None:
     """The node with a bad GPU is taken out, repaired, and boots a fresh agent."""
     try:
         await c.clock.sleep(after)

@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-Every node of the scenario is a real ``elastic run`` agent process on loopback; its
-workers run the model worker (:mod:`elastic.real.model_worker`), which trains as the
-scenario's ``job:`` says.  The agents meet through the c10d network store, hosted in a
+Every node of the scenario is a real ``elastic run`` agent process on loopback (in a
+network namespace of its own when the scenario cuts links, see below); its workers run
+the model worker (:mod:`elastic.real.model_worker`), which trains as the scenario's
+``job:`` says.  The agents meet through the c10d network store, hosted in a
 process of its own (:mod:`elastic.real.netstore_host`, every agent a client through
 ``is_host=false``): as in the simulator, the store host is a machine of its own, so a
 ``store_outage`` (SIGSTOP … SIGCONT of that process) stops no agent, and a crash of
@@ -26,11 +27,21 @@ preemption          SIGTERM to the agent ``notice`` after the fault's time
 store_outage        SIGSTOP of the store host, SIGCONT ``duration`` later (announced
                     first with SIGUSR1: the host extends every lease by the outage,
                     which expires nobody's lease, as in the simulator and etcd)
+network_partition   the nodes' links are cut for ``duration`` (see below)
 ==================  ===========================================================
 
-``network_partition`` and ``gpu_error`` are refused before anything starts, with the
-reason (this runner does not make network namespaces, and a CPU machine has no GPU to
-fail); so is the ``static`` backend (its store lives in node 0's agent).
+A scenario with a ``network_partition`` runs every node (its agent and workers) and the
+store host in a network namespace of its own (:mod:`elastic.real.netns`: a switch the
+runner holds, 198.18.0.0/24, nothing leaves the machine): a cut node's frames, both
+ways, are held by the switch until the heal, as the simulator holds a cut node's
+messages (``sim/store.py``), so its renewals stop reaching the store, which expires its
+lease on its own clock, and at the heal its requests and wake-ups go through at once.
+The model workers' collective (files in the run's directory) hears of the cut from a
+marker the runner writes (``cuts/``): a world with a cut member breaks at the cut, as in
+the simulator.  Namespaces need root, ``ip`` and ``/dev/net/tun``; without them such a
+scenario is refused before anything starts, with the reason.  Other scenarios run on
+loopback.  ``gpu_error`` is refused (a CPU machine has no GPU to fail); so is the
+``static`` backend (its store lives in node 0's agent).
 
 One log: the agents' logs (``--event-log``), the model workers' lines and the runner's
 own (``sim.start``, ``sim.fault``, ``sim.node_restart``, ``sim.end``) are merged; the
@@ -63,17 +74,16 @@ import psutil
 
 from elastic.errors import ConfigError
 from elastic.events import AgentEvent, read_events
+from elastic.real import netns
 from sim.report import build_report
 from sim.run import start_fields
 from sim.scenario.expand import expand_faults, fault_rng
-from sim.scenario.model import Fault, FaultKind, RendezvousBackend, Scenario
+from sim.scenario.model import Fault, FaultKind, RendezvousBackendName, Scenario
 
 __all__ = ["RealResult", "main", "real_run", "refusal"]
 
 WORKER_FAULTS = (FaultKind.WORKER_CRASH, FaultKind.WORKER_HANG, FaultKind.SLOW_NODE)
 REFUSED = {
-    FaultKind.NETWORK_PARTITION: "elastic real does not cut links (it runs every node on "
-    "loopback, without network namespaces); run this scenario in the simulator only",
     FaultKind.GPU_ERROR: "this machine's workers run on CPU: there is no GPU to fail",
 }
 # An agent process that has paid its interpreter's start and its imports, then waits for
@@ -102,7 +112,7 @@ TICK = 0.01
 
 def refusal(sc: Scenario, faults: Sequence[Fault]) -> str | None:
     """Why this scenario cannot run for real here, or None."""
-    if sc.rendezvous.backend is not RendezvousBackend.C10D:
+    if sc.rendezvous.backend is not RendezvousBackendName.C10D:
         return (
             f"rendezvous.backend: got {sc.rendezvous.backend.value!r}; elastic real runs "
             "'c10d' (its store in a process of its own)"
@@ -110,7 +120,30 @@ def refusal(sc: Scenario, faults: Sequence[Fault]) -> str | None:
     for f in faults:
         if f.kind in REFUSED:
             return f"fault {f.kind.value} at {f.at:g}s: {REFUSED[f.kind]}"
+    for f in faults:
+        if f.kind is FaultKind.NETWORK_PARTITION:
+            why = netns.available()
+            if why is not None:
+                return (
+                    f"fault {f.kind.value} at {f.at:g}s: cutting a node's link needs network "
+                    f"namespaces, and {why}; run this scenario in the simulator only"
+                )
+            break
     return None
+
+
+def _host_count(sc: Scenario, faults: Sequence[Fault]) -> int:
+    """Nodes the run can have: the first ones, the spares, and every joiner."""
+    joins = sum(f.count or 1 for f in faults if f.kind is FaultKind.NODE_JOIN)
+    return sc.cluster.nodes + sc.cluster.spare_nodes + joins
+
+
+def _read_timeout(sc: Scenario, faults: Sequence[Fault], k: float) -> float | None:
+    """The agents' store ``read_timeout`` (wall s) when the scenario cuts links: longer
+    than the longest cut, as the simulator's requests wait for the link however long it
+    is down (an agent gives up on a silent store after it; the default is 60 s)."""
+    cuts = [f.duration or 0.0 for f in faults if f.kind is FaultKind.NETWORK_PARTITION]
+    return max(60.0, max(cuts) / k + 60.0) if cuts else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +170,9 @@ class _Run:
     port: int
     config: Path
     store: subprocess.Popen[bytes]
+    hosts: netns.Hosts | None = None
+    store_addr: str = "127.0.0.1"
+    read_timeout: float | None = None
     agents: list[_Agent] = field(default_factory=list)
     live: dict[int, _Agent] = field(default_factory=dict)
     alive: dict[int, bool] = field(default_factory=dict)  # the sim's SimNode.alive
@@ -179,15 +215,19 @@ class _Run:
                 ("heartbeat_timeout", r.heartbeat_timeout),
             )
         )
+        if self.read_timeout is not None:
+            conf += f",read_timeout={self.read_timeout:.6g}"
         log = self.dir / f"agent.{node}.{inc}.jsonl"
+        local = self.hosts.addr(node) if self.hosts is not None else "127.0.0.1"
+        prefix = self.hosts.prefix(node) if self.hosts is not None else []
         flags = [
             "--nnodes", f"{r.min_nodes}:{r.max_nodes}",
             "--nproc-per-node", str(sc.cluster.nproc_per_node),
             "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{self.port}",
+            "--rdzv-endpoint", f"{self.store_addr}:{self.port}",
             "--rdzv-id", "real",
             "--rdzv-conf", f"is_host=false,{conf}",
-            "--local-addr", "127.0.0.1",
+            "--local-addr", local,
             "--max-restarts", str(sc.agent.max_restarts),
             "--monitor-interval", f"{sc.agent.monitor_interval / k:.6g}",
             "--shutdown-timeout", f"{sc.agent.shutdown_timeout / k:.6g}",
@@ -204,7 +244,16 @@ class _Run:
             env["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1"
         with open(self.dir / f"agent.{node}.{inc}.out", "wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-c", GATED_RUN, "run", *flags, "-m", "elastic.real.model_worker"],
+                [
+                    *prefix,
+                    sys.executable,
+                    "-c",
+                    GATED_RUN,
+                    "run",
+                    *flags,
+                    "-m",
+                    "elastic.real.model_worker",
+                ],
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=out,
@@ -299,13 +348,18 @@ def _model_config(sc: Scenario, faults: Sequence[Fault], k: float, d: Path, t0: 
     return path
 
 
-def _start_store(d: Path) -> tuple[subprocess.Popen[bytes], int]:
+def _start_store(
+    d: Path, prefix: Sequence[str] = (), host: str = "127.0.0.1"
+) -> tuple[subprocess.Popen[bytes], int]:
     with open(d / "store.err", "wb") as err:
         proc = subprocess.Popen(
             [
+                *prefix,
                 sys.executable,
                 "-m",
                 "elastic.real.netstore_host",
+                "--host",
+                host,
                 "--port",
                 "0",
                 "--outage-file",
@@ -388,6 +442,26 @@ def _apply(run: _Run, f: Fault, index: int) -> None:
         time.sleep(OUTAGE_MARGIN / 2)  # the host handles the announcement first
         run.store.send_signal(signal.SIGSTOP)
         run.later(f.duration or 0.0, lambda: run.store.send_signal(signal.SIGCONT))
+    elif k is FaultKind.NETWORK_PARTITION:
+        hosts = run.hosts
+        assert hosts is not None  # refused without namespaces; made when a cut is ahead
+        # the nodes that exist, as the simulator's: a node not yet started has no link
+        targets = sorted(n for n in (f.nodes or ()) if n in run.incarnations)
+        fields["nodes"] = targets
+        cuts = run.dir / "cuts"
+        cuts.mkdir(exist_ok=True)
+        for n in targets:
+            hosts.cut(n)
+            # the model workers' collective learns of it here (see the module docstring)
+            tmp = cuts / f".cut.{n}.{index}"
+            tmp.write_text(json.dumps({"at": t}))
+            os.replace(tmp, cuts / f"cut.{n}.{index}")
+
+        def heal(targets: list[int] = targets) -> None:
+            for n in targets:
+                hosts.heal(n)
+
+        run.later(f.duration or 0.0, heal)
     fields["applied"] = applied
     run.emit("sim.fault", t=t, **fields)
 
@@ -428,22 +502,29 @@ def _world_states(workers: list[AgentEvent], faults: list[AgentEvent]) -> list[A
     sizes: dict[str, int] = {}
     over: set[str] = set()  # broken or done
     running: set[str] = set()
-    crashes = [
-        (e.t, e.fields.get("target"))
+    # a node's crash, or its link's cut, breaks the worlds it is a member of
+    cut_off: list[tuple[float, set[Any], str]] = [
+        (e.t, {e.fields.get("target")}, "node_crash")
         for e in faults
         if e.fields.get("fault") == "node_crash" and e.fields.get("applied")
+    ] + [
+        (e.t, set(e.fields.get("nodes") or ()), "network_partition")
+        for e in faults
+        if e.fields.get("fault") == "network_partition" and e.fields.get("applied")
     ]
-    timeline: list[tuple[float, int, AgentEvent | None, Any]] = [
+    timeline: list[tuple[float, int, AgentEvent | None, tuple[set[Any], str] | None]] = [
         (e.t, 1, e, None) for e in workers
-    ] + [(t, 0, None, n) for t, n in crashes]
+    ] + [(t, 0, None, (gone, cause)) for t, gone, cause in cut_off]
     timeline.sort(key=lambda x: (x[0], x[1]))
-    for t, _, e, crashed in timeline:
+    for t, _, e, lost in timeline:
         if e is None:
+            assert lost is not None
+            gone, cause = lost
             for w in sorted(nodes):
-                if crashed in nodes[w] and w not in over:
+                if gone & nodes[w] and w not in over:
                     over.add(w)
                     out.append(AgentEvent(t, "sim", "sim.world_broken",
-                                          fields={"world": w, "cause": "node_crash"}))  # fmt: skip
+                                          fields={"world": w, "cause": cause}))  # fmt: skip
             continue
         w = str(e.fields.get("world", ""))
         nodes.setdefault(w, set()).add(e.node)
@@ -494,10 +575,20 @@ def real_run(
     if why is not None:
         raise ConfigError("scenario", why)
     k = float(time_scale)
-    with _workdir(workdir) as d:
-        store, port = _start_store(d)
+    cuts = any(f.kind is FaultKind.NETWORK_PARTITION for f in faults)
+    with _workdir(workdir) as d, contextlib.ExitStack() as stack:
+        hosts: netns.Hosts | None = None
+        store_addr = "127.0.0.1"
+        prefix: list[str] = []
+        if cuts:
+            netns.sweep_stale()
+            n = _host_count(sc, faults)
+            hosts = stack.enter_context(netns.Hosts(n + 1))  # the store host is the last
+            store_addr, prefix = hosts.addr(n), hosts.prefix(n)
+        store, port = _start_store(d, prefix, store_addr)
         config = d / "model.json"  # written once scenario time 0 is known
-        run = _Run(sc, k, d, time.monotonic(), port, config, store)
+        run = _Run(sc, k, d, time.monotonic(), port, config, store, hosts, store_addr,
+                   _read_timeout(sc, faults, k))  # fmt: skip
         try:
             first = [run.spawn_agent(n) for n in range(sc.cluster.nodes + sc.cluster.spare_nodes)]
             next_node = len(first)
@@ -573,7 +664,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="elastic real",
         description="Run a YAML scenario on real processes: one `elastic run` agent per "
-        "node on loopback, model workers, faults injected for real.",
+        "node on loopback (each in a network namespace of its own when the scenario has a "
+        "network_partition: needs root), model workers, faults injected for real.",
     )
     p.add_argument("scenario", help="the scenario file (YAML)")
     p.add_argument(

@@ -1,4 +1,5 @@
-"""Run a scenario: build the simulated cluster, inject the faults, return the event log.
+"""Run a scenario: build the simulated cluster, inject the faults (each kind's handler is in
+:mod:`sim.inject`), return the event log.
 
 A run is a pure function of (scenario, seed): randomness comes only from sub-generators
 of the seed, one per concern (faults here; nothing else draws yet), simpy orders
@@ -8,8 +9,8 @@ simultaneous events by insertion, and nodes and faults are iterated in a fixed o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from simpy.events import AnyOf
@@ -23,10 +24,10 @@ from sim.gcpause import quiet_gc
 from sim.inject import apply_fault
 from sim.report import ReportSink
 from sim.scenario.expand import expand_faults, fault_rng
-from sim.scenario.model import Fault, RendezvousBackend, Scenario
+from sim.scenario.model import Fault, RendezvousBackendName, Scenario
 from sim.store import SimStoreHost
-from sim.workers import JobModel, Training
-from sim.world import Cluster, SimNode
+from sim.workers import Training
+from sim.world import SimCluster, SimNode
 
 __all__ = ["SimResult", "simulate"]
 
@@ -72,7 +73,7 @@ def _handler_factory(sc: Scenario) -> Any:
             "timeout": rdzv.join_timeout,
             "master_port": MASTER_PORT,
         }
-        if rdzv.backend is RendezvousBackend.STATIC:
+        if rdzv.backend is RendezvousBackendName.STATIC:
             config["rank"] = node.id
         params = RendezvousParameters(
             backend=rdzv.backend.value,
@@ -135,8 +136,9 @@ def simulate(
     the whole log in :attr:`SimResult.events` (tests; memory grows with the run).
 
     ``progress(now, until)`` is called every ``until / PROGRESS_TICKS`` simulated
-    seconds (for a progress bar).  The ticks are simpy timeouts of their own: they do
-    not change the order of the run's events, its event log or its ``sim_events``.
+    seconds (for a progress bar).  The ticks are the clock's observer events
+    (``SimClock.every``): they do not change the order of the run's events, its event log
+    or its ``sim_events``.
 
     ``calibration``: this machine's latencies (:mod:`sim.calibration`), as a real run at
     ``time_scale`` meets them; they replace the store's latency and add to the worker
@@ -160,22 +162,19 @@ def simulate(
         sinks.append(kept)
     events = _RunSinks(sinks)
     job = sc.job
-    model = JobModel(
-        steps=job.steps,
-        step_time=job.step_time,
+    # the job as this run meets it: its start-up net of what a preload saves, plus this
+    # machine's extra start-up
+    model = replace(
+        job,
         startup_time=job.startup_time - (job.preload_saves or 0.0) + lat.extra_startup,
-        checkpoint_every=job.checkpoint_every,
-        checkpoint_time=job.checkpoint_time,
-        collective_timeout=job.collective_timeout,
-        stop_time=lat.stop_time,
-        exit_notice=lat.exit_notice,
+        preload_saves=None,
     )
-    training = Training(clock, model, events)
+    training = Training(clock, model, events, stop_time=lat.stop_time, exit_notice=lat.exit_notice)
     host = SimStoreHost(clock, latency=sc.store.latency)
     initial = sc.cluster.nodes + sc.cluster.spare_nodes
     from sim.hangs import health_watches_factory
 
-    cluster = Cluster(
+    cluster = SimCluster(
         clock,
         host,
         training,
@@ -195,12 +194,11 @@ def simulate(
         cluster.start_node(n)
     clock.spawn(_drive_faults(cluster, faults), name="faults")
     deadline = clock.env.timeout(sc.until)
-    ticks = [0]
     if progress is not None:
         progress(0.0, sc.until)
-        clock.env.process(_ticker(clock.env, sc.until, progress, ticks))
+        clock.every(sc.until / PROGRESS_TICKS, lambda now: progress(now, sc.until))
     with quiet_gc():  # the collector took half the CPU at 2,048 nodes (sim/gcpause.py)
-        clock.env.run(until=AnyOf(clock.env, [cluster.finished._ev, deadline]))  # type: ignore[attr-defined]
+        clock.env.run(until=AnyOf(clock.env, [clock.event_of(cluster.finished), deadline]))
     reason = "done" if cluster.finished.is_set() else "until"
     unobserved = [f"{n}: {type(e).__name__}: {e}" for n, e in clock.unobserved]
     cluster.emit(
@@ -215,8 +213,7 @@ def simulate(
     # garbage collector frees them (their ``finally`` stops groups and emits), during a
     # later run of the same process; what they say must not reach this run's sinks
     events.close()
-    # the ticker's own events (its timeouts and its process' start) are not the run's
-    sim_events = next(clock.env._eid) - (ticks[0] + 1 if progress is not None else 0)
+    sim_events = clock.events()  # the progress ticks' events are not the run's
     report = report_sink.result()
     report["sim_events"] = sim_events
     report["wall_s"] = round(time.perf_counter() - wall0, 3)
@@ -239,17 +236,7 @@ class _RunSinks:
         self._sinks = ()
 
 
-def _ticker(
-    env: Any, until: float, progress: Callable[[float, float], None], ticks: list[int]
-) -> Generator[Any, Any, None]:
-    step = until / PROGRESS_TICKS
-    while True:
-        ticks[0] += 1  # each timeout takes one simpy event id, processed or not
-        yield env.timeout(step)
-        progress(env.now, until)
-
-
-async def _drive_faults(c: Cluster, faults: list[Fault]) -> None:
+async def _drive_faults(c: SimCluster, faults: list[Fault]) -> None:
     clock = c.clock
     for i, f in enumerate(faults):
         delay = f.at - clock.now()

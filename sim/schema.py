@@ -38,7 +38,7 @@ from sim import failures as gen
 from sim.durations import DURATION_EXPECTED
 from sim.expect import COUNT_KEYS, EXPECT_KEYS, SECONDS_KEYS, ExpectedState
 from sim.scenario.limits import MAX_EXIT, MAX_FAULTS, MAX_NODES, MAX_NPROC, MAX_SECONDS
-from sim.scenario.model import KIND_FIELDS, Cluster, Need, RendezvousBackend
+from sim.scenario.model import KIND_FIELDS, Cluster, Need, RendezvousBackendName
 from sim.scenario.reader import RDZV_TIMEOUT, SECTIONS, TOP_KEYS, param_reader
 from sim.scenario.walker import AnyInt, Choice, Duration, Int, NodeList, Real, Text
 
@@ -89,7 +89,7 @@ _SECTION_READERS: dict[str, dict[str, Any]] = {
         "shutdown_timeout": Duration(),
     },
     "rendezvous": {
-        "backend": Choice(RendezvousBackend),
+        "backend": Choice(RendezvousBackendName),
         "min_nodes": Int(1, MAX_NODES),
         "max_nodes": Int(1, MAX_NODES),
         "join_timeout": RDZV_TIMEOUT,

@@ -1,4 +1,5 @@
-"""Worker models: the workers port of the simulator, and the training job they run.
+"""Worker models: the workers port of the simulator, and the training job they run (its
+arithmetic is :class:`sim.scenario.model.Job`'s).
 
 Theory of operation
 -------------------
@@ -24,9 +25,7 @@ deterministic.
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from simpy.events import Event
@@ -35,90 +34,13 @@ from elastic.clock import OneShot
 from elastic.events import AgentEvent, EventSink
 from elastic.workers import ExitCause, WorkerExit, WorkerLaunch
 from sim.clock import SimClock
+from sim.scenario.model import Job
 
-__all__ = ["JobModel", "SimGroup", "SimWorker", "SimWorkers", "Training", "World"]
+__all__ = ["SimGroup", "SimWorker", "SimWorkers", "Training", "World"]
 
 SIGABRT_EXIT = -6
 SIGKILL_EXIT = -9
 SIGTERM_EXIT = -15
-
-
-@dataclass(frozen=True, slots=True)
-class JobModel:
-    """The model of one worker's training run."""
-
-    steps: int
-    step_time: float
-    startup_time: float = 0.0
-    checkpoint_every: int = 0
-    checkpoint_time: float = 0.0
-    collective_timeout: float = 600.0
-    stop_time: float = 0.0  # how long a worker takes to exit after SIGTERM
-    # how long after a worker's exit its agent sees it (the kernel's notice, the
-    # agent's loop): 0 unless a calibration says otherwise (sim.calibration)
-    exit_notice: float = 0.0
-
-    def segment(self) -> float:
-        return self.checkpoint_every * self.step_time + self.checkpoint_time
-
-    def progress(self, s0: int, work: float) -> tuple[int, int]:
-        """(steps reached, last completed checkpoint) after ``work`` seconds from step ``s0``."""
-        if work <= 0:
-            return s0, s0
-        k = self.checkpoint_every
-        if k <= 0:
-            steps = s0 + math.floor(work / self.step_time + 1e-9)
-            return min(steps, self.steps), s0
-        seg = self.segment()
-        n_full = math.floor(work / seg + 1e-9)
-        rem = work - n_full * seg
-        in_seg = min(k, math.floor(rem / self.step_time + 1e-9))
-        steps = min(self.steps, s0 + n_full * k + in_seg)
-        ckpt = min(self.steps, s0 + n_full * k)
-        return steps, ckpt
-
-    def phase_start(self, work: float) -> float:
-        """Where (in work seconds) the step or checkpoint in progress at ``work`` began.
-
-        A worker's step timer is acquired there (the model worker runs every step and
-        every checkpoint inside ``expires(after=timer)``)."""
-        st = self.step_time
-        k = self.checkpoint_every
-        if k <= 0:
-            return math.floor(work / st + 1e-9) * st
-        seg = self.segment()
-        n_full = math.floor(work / seg + 1e-9)
-        rem = work - n_full * seg
-        if rem < k * st - 1e-9:
-            return n_full * seg + math.floor(rem / st + 1e-9) * st
-        return n_full * seg + k * st  # in the checkpoint
-
-    def last_beat(self, work: float) -> float | None:
-        """Where (in work seconds) the last step completed before ``work``: a worker beats
-        after each step.  None before the first step of a world completed."""
-        st = self.step_time
-        k = self.checkpoint_every
-        if k <= 0:
-            n = math.floor(work / st + 1e-9)
-            return n * st if n > 0 else None
-        seg = self.segment()
-        n_full = math.floor(work / seg + 1e-9)
-        rem = work - n_full * seg
-        in_seg = min(k, math.floor(rem / st + 1e-9))
-        if in_seg > 0:
-            return n_full * seg + in_seg * st
-        if n_full == 0:
-            return None
-        return (n_full - 1) * seg + k * st  # the step before the last checkpoint
-
-    def work_to_finish(self, s0: int) -> float:
-        """Seconds of work from step ``s0`` (a checkpoint) to the last step."""
-        remaining = max(0, self.steps - s0)
-        if remaining == 0:
-            return 0.0
-        k = self.checkpoint_every
-        n_ckpt = (math.ceil(remaining / k) - 1) if k > 0 else 0
-        return remaining * self.step_time + n_ckpt * self.checkpoint_time
 
 
 class WState(enum.Enum):
@@ -157,9 +79,23 @@ class WorldState(enum.Enum):
 class Training:
     """The job's shared state: the last completed checkpoint, and every world."""
 
-    def __init__(self, clock: SimClock, model: JobModel, events: EventSink) -> None:
+    def __init__(
+        self,
+        clock: SimClock,
+        model: Job,
+        events: EventSink,
+        *,
+        stop_time: float = 0.0,
+        exit_notice: float = 0.0,
+    ) -> None:
         self.clock = clock
+        # the job as this run meets it (sim.run: start-up net of a preload, plus the
+        # calibration's extra start-up)
         self.model = model
+        self.stop_time = stop_time  # how long a worker takes to exit after SIGTERM
+        # how long after a worker's exit its agent sees it (the kernel's notice, the
+        # agent's loop): 0 unless a calibration says otherwise (sim.calibration)
+        self.exit_notice = exit_notice
         self.events = events
         self.ckpt_step = 0
         self.best_step = 0
@@ -409,7 +345,7 @@ class SimGroup:
                 extra={"reason": reason} if reason else {},
             )
         )
-        notice = t.model.exit_notice
+        notice = t.exit_notice
         self._seen_at.append(t.clock.now() + notice)
         if notice > 0:
             ev = t.clock.env.timeout(notice)
@@ -489,10 +425,9 @@ class SimGroup:
         if not live:
             return []
         clock = self.port.training.clock
-        model = self.port.training.model
         hung = [w for w in live if w.state is WState.HUNG]
         # a hung worker ignores the graceful signal; the others exit after stop_time
-        delay = grace if hung else min(grace, model.stop_time)
+        delay = grace if hung else min(grace, self.port.training.stop_time)
         if delay > 0:
             # a signalled worker stops making progress at the signal, not at its exit
             # (a real worker's SIGTERM handler stops stepping at once; elastic real

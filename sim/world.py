@@ -3,10 +3,11 @@
 Each :class:`SimNode` runs the real :class:`elastic.agent.server.SimpleElasticAgent`
 on the simulated ports: the :class:`sim.clock.SimClock`, a per-node client of the
 :class:`sim.store.SimStoreHost`, and :class:`sim.workers.SimWorkers`.  Faults are
-applied by one driver coroutine that sleeps until each fault's time (one event per
-fault).  A node crash cancels its agent and loses its workers and leases; with
-``restart_after`` a fresh agent starts on it later.  A graceful leave stops the
-workers through the agent (its ``finally``) and revokes the node's leases at once.
+applied by one driver coroutine (:mod:`sim.run`) that sleeps until each fault's time (one
+event per fault) and calls the fault kind's handler (:mod:`sim.inject`).  A node crash
+cancels its agent and loses its workers and leases; with ``restart_after`` a fresh agent
+starts on it later.  A graceful leave stops the workers through the agent (its
+``finally``) and revokes the node's leases at once.
 
 The run ends when no agent is running and no node start is pending, or at ``until``.
 """
@@ -25,7 +26,7 @@ from sim.clock import SimClock
 from sim.store import SimStoreClient, SimStoreHost
 from sim.workers import SimWorkers, Training
 
-__all__ = ["Cluster", "SimNode"]
+__all__ = ["SimCluster", "SimNode"]
 
 HandlerFactory = Callable[["SimNode"], RendezvousHandler]
 
@@ -33,7 +34,7 @@ HandlerFactory = Callable[["SimNode"], RendezvousHandler]
 class SimNode:
     """One machine: an agent, its workers and its store client."""
 
-    def __init__(self, cluster: Cluster, node_id: int) -> None:
+    def __init__(self, cluster: SimCluster, node_id: int) -> None:
         self.cluster = cluster
         self.id = node_id
         self.alive = False
@@ -131,7 +132,7 @@ class SimNode:
             await self.store.leave()
 
 
-class Cluster:
+class SimCluster:
     """Everything a run needs: clock, store host, training model, nodes, events."""
 
     def __init__(

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from elastic.agent.server._decide import (
     CLOSED,
     FREE_EXIT_CODES,
-    Action,
+    GroupAction,
     IllegalDecision,
     Outcome,
     OutcomeKind,
@@ -69,7 +69,7 @@ def test_the_budget_never_goes_negative_and_only_a_spending_restart_lowers_it_by
     d = decide(state, outcome, budget)
     assert d.remaining >= 0
     if d.spent:
-        assert d.action is Action.RESTART and d.remaining == budget - 1
+        assert d.action is GroupAction.RESTART and d.remaining == budget - 1
     else:
         assert d.remaining == budget
 
@@ -82,8 +82,8 @@ def test_success_only_when_every_worker_of_the_group_exited_0(
     all_zero = {ex.local_rank for ex in outcome.exits if ex.exit_code == 0} == set(
         range(outcome.group_size)
     )
-    assert (d.action is Action.SUCCEED) == all_zero
-    if d.action is Action.SUCCEED:
+    assert (d.action is GroupAction.SUCCEED) == all_zero
+    if d.action is GroupAction.SUCCEED:
         assert d.state is WorkerState.SUCCEEDED and d.result is WorkerState.SUCCEEDED
         assert d.failed == () and not d.spent
 
@@ -95,10 +95,10 @@ def test_exits_wait_until_a_failure_or_every_worker_exited(
     d = decide(state, outcome, budget)
     failed = [ex for ex in outcome.exits if ex.exit_code != 0]
     if not failed and len(outcome.exits) < outcome.group_size:
-        assert d.action is Action.WAIT and d.state is None and d.notice is None
+        assert d.action is GroupAction.WAIT and d.state is None and d.notice is None
         assert not settled(outcome.exits, outcome.group_size)
     else:
-        assert d.action is not Action.WAIT
+        assert d.action is not GroupAction.WAIT
         assert settled(outcome.exits, outcome.group_size)
 
 
@@ -114,11 +114,11 @@ def test_a_failure_records_every_failed_exit_in_the_order_seen(
     assert d.state is WorkerState.FAILED and d.reason in ("failure", "restarts_exhausted")
     free = all(ex.exit_code in FREE_EXIT_CODES for ex in outcome.exits if ex.exit_code != 0)
     if free:
-        assert d.action is Action.RESTART and not d.spent
+        assert d.action is GroupAction.RESTART and not d.spent
     elif budget > 0:
-        assert d.action is Action.RESTART and d.spent and d.reason == "failure"
+        assert d.action is GroupAction.RESTART and d.spent and d.reason == "failure"
     else:
-        assert d.action is Action.FAIL and d.reason == "restarts_exhausted"
+        assert d.action is GroupAction.FAIL and d.reason == "restarts_exhausted"
         assert d.result is WorkerState.FAILED
 
 
@@ -130,9 +130,9 @@ def test_an_unhealthy_group_spends_a_restart_or_stops_unhealthy(
     assert d.state is WorkerState.UNHEALTHY
     assert d.notice == "agent.unhealthy" and d.detail == reason
     if budget > 0:
-        assert (d.action, d.reason, d.spent) == (Action.RESTART, "unhealthy", True)
+        assert (d.action, d.reason, d.spent) == (GroupAction.RESTART, "unhealthy", True)
     else:
-        assert (d.action, d.reason) == (Action.FAIL, "restarts_exhausted")
+        assert (d.action, d.reason) == (GroupAction.FAIL, "restarts_exhausted")
         assert d.result is WorkerState.UNHEALTHY  # torch's RunResult value
 
 
@@ -143,19 +143,19 @@ def test_a_membership_change_never_spends(state: WorkerState, reason: str, budge
     if not WorkerState.is_running(state):
         # no group runs: join the next round, whatever the reason (a closed rendezvous
         # then refuses the join)
-        assert d.action is Action.REJOIN and d.notice == "agent.membership_change"
+        assert d.action is GroupAction.REJOIN and d.notice == "agent.membership_change"
     elif reason == CLOSED:
-        assert (d.action, d.reason, d.notice) == (Action.CLOSE, "rendezvous_closed", None)
+        assert (d.action, d.reason, d.notice) == (GroupAction.CLOSE, "rendezvous_closed", None)
         assert d.result is WorkerState.FAILED
     else:
-        assert (d.action, d.reason) == (Action.RESTART, "membership")
+        assert (d.action, d.reason) == (GroupAction.RESTART, "membership")
         assert d.notice == "agent.membership_change" and d.detail == reason
 
 
 @given(st.sampled_from(IDLE), budgets)
 def test_a_rank_exchange_timeout_rejoins_without_spending(state: WorkerState, budget: int) -> None:
     d = decide(state, Outcome.timeout(), budget)
-    assert (d.action, d.remaining, d.spent) == (Action.REJOIN, budget, False)
+    assert (d.action, d.remaining, d.spent) == (GroupAction.REJOIN, budget, False)
     assert (d.notice, d.detail) == ("agent.membership_change", "rank_exchange_timeout")
 
 
@@ -166,9 +166,9 @@ def test_the_agent_finishes_only_by_succeed_fail_or_close_and_says_with_what(
     if not _legal(state, outcome):
         return
     d = decide(state, outcome, budget)
-    finishing = d.action in (Action.SUCCEED, Action.FAIL, Action.CLOSE)
+    finishing = d.action in (GroupAction.SUCCEED, GroupAction.FAIL, GroupAction.CLOSE)
     assert (d.result is not None) == finishing
-    if d.action is Action.FAIL:
+    if d.action is GroupAction.FAIL:
         assert budget == 0  # only an exhausted budget stops a failed or unhealthy group
 
 
@@ -198,14 +198,18 @@ def test_the_table_as_torch_documents_it() -> None:
     crash = WorkerExit(local_rank=1, exit_code=1, time=0.0)
     ok = WorkerExit(local_rank=0, exit_code=0, time=0.0)
     d = decide(h, Outcome.of_exits((ok, crash), 2), 3)
-    assert (d.action, d.remaining, d.failed, d.reason) == (Action.RESTART, 2, (1,), "failure")
+    assert (d.action, d.remaining, d.failed, d.reason) == (GroupAction.RESTART, 2, (1,), "failure")
     d = decide(h, Outcome.of_exits((crash,), 2), 0)
-    assert (d.action, d.result, d.reason) == (Action.FAIL, WorkerState.FAILED, "restarts_exhausted")
+    assert (d.action, d.result, d.reason) == (
+        GroupAction.FAIL,
+        WorkerState.FAILED,
+        "restarts_exhausted",
+    )
     d = decide(h, Outcome.of_exits((ok,), 1), 0)
-    assert (d.action, d.result) == (Action.SUCCEED, WorkerState.SUCCEEDED)
+    assert (d.action, d.result) == (GroupAction.SUCCEED, WorkerState.SUCCEEDED)
 
 
 def test_exit_143_spends_a_restart_as_in_torch() -> None:
     sigterm = WorkerExit(local_rank=0, exit_code=143, time=0.0)
     d = decide(WorkerState.HEALTHY, Outcome.of_exits((sigterm,), 2), 3)
-    assert (d.action, d.spent, d.remaining) == (Action.RESTART, True, 2)
+    assert (d.action, d.spent, d.remaining) == (GroupAction.RESTART, True, 2)

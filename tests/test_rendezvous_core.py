@@ -18,11 +18,11 @@ from hypothesis.stateful import (
 from elastic.rendezvous._core import (
     ActionKind,
     CoreSettings,
-    Event,
     IllegalTransition,
     NodeStatus,
     Phase,
     Rendezvous,
+    Trigger,
     choose_members,
     first_attempt_at,
 )
@@ -120,23 +120,23 @@ class RendezvousMachine(RuleBasedStateMachine):
         self._record(self.r.close(self.now))
         self.was_closed = True
 
-    @rule(node=st.sampled_from(NODES), event=st.sampled_from([Event.JOIN, Event.LEAVE]))
-    def illegal_transitions_raise_and_change_nothing(self, node: str, event: Event) -> None:
+    @rule(node=st.sampled_from(NODES), event=st.sampled_from([Trigger.JOIN, Trigger.LEAVE]))
+    def illegal_transitions_raise_and_change_nothing(self, node: str, event: Trigger) -> None:
         status = self.r.status(node)
         legal = {
-            (Phase.OPEN, NodeStatus.ABSENT, Event.JOIN),
-            (Phase.OPEN, NodeStatus.JOINED, Event.LEAVE),
-            (Phase.COMPLETE, NodeStatus.ABSENT, Event.JOIN),
-            (Phase.COMPLETE, NodeStatus.MEMBER, Event.JOIN),
-            (Phase.COMPLETE, NodeStatus.MEMBER, Event.LEAVE),
-            (Phase.COMPLETE, NodeStatus.WAITING, Event.LEAVE),
-            (Phase.COMPLETE, NodeStatus.REDUNDANT, Event.LEAVE),
+            (Phase.OPEN, NodeStatus.ABSENT, Trigger.JOIN),
+            (Phase.OPEN, NodeStatus.JOINED, Trigger.LEAVE),
+            (Phase.COMPLETE, NodeStatus.ABSENT, Trigger.JOIN),
+            (Phase.COMPLETE, NodeStatus.MEMBER, Trigger.JOIN),
+            (Phase.COMPLETE, NodeStatus.MEMBER, Trigger.LEAVE),
+            (Phase.COMPLETE, NodeStatus.WAITING, Trigger.LEAVE),
+            (Phase.COMPLETE, NodeStatus.REDUNDANT, Trigger.LEAVE),
         }
         if self.r.phase is Phase.CLOSED or (self.r.phase, status, event) in legal:
             return
         before = copy.deepcopy(self.r)
         with pytest.raises(IllegalTransition):
-            if event is Event.JOIN:
+            if event is Trigger.JOIN:
                 self.r.join(node, self.now)
             else:
                 self.r.leave(node, self.now)

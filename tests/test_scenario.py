@@ -17,10 +17,10 @@ from sim.scenario import (
     Fault,
     FaultKind,
     RateFault,
-    Rendezvous,
-    RendezvousBackend,
+    RendezvousBackendName,
+    RendezvousSpec,
     Scenario,
-    Store,
+    StoreSpec,
     load_scenario,
     load_scenario_text,
 )
@@ -137,10 +137,10 @@ def test_v1_example_loads_with_durations_in_seconds() -> None:
 
 def test_v1_file_without_rendezvous_section_gets_c10d_with_min_and_max_equal_to_nodes() -> None:
     s = load_scenario_text(V1)
-    assert s.rendezvous == Rendezvous(
+    assert s.rendezvous == RendezvousSpec(
         min_nodes=4,
         max_nodes=4,
-        backend=RendezvousBackend.C10D,
+        backend=RendezvousBackendName.C10D,
         join_timeout=600.0,
         last_call_timeout=30.0,
         heartbeat_timeout=15.0,
@@ -161,7 +161,7 @@ def test_defaults_are_torchs_and_the_documented_ones() -> None:
     assert s.job.checkpoint_time == 0.0
     assert s.job.timer is None
     assert s.job.hang_timeout is None
-    assert s.store == Store(latency=0.001)
+    assert s.store == StoreSpec(latency=0.001)
     assert s.faults == ()
     assert list(s.expect.items()) == []
     assert s.name == "unnamed"
@@ -701,7 +701,7 @@ def test_static_rendezvous_refuses_spares_and_node_joins() -> None:
     assert error.where == "x.yaml:4"
     assert "faults[0].kind: got 'node_join'" in error.message
     ok = load_scenario_text(MINIMAL + "rendezvous: {backend: static}\n")
-    assert ok.rendezvous.backend is RendezvousBackend.STATIC
+    assert ok.rendezvous.backend is RendezvousBackendName.STATIC
 
 
 @pytest.mark.parametrize(

@@ -21,9 +21,9 @@ from sim.scenario import (
     FaultKind,
     Job,
     RateFault,
-    Rendezvous,
+    RendezvousSpec,
     Scenario,
-    Store,
+    StoreSpec,
     load_scenario_text,
 )
 
@@ -194,9 +194,9 @@ def scenarios(draw: st.DrawFn) -> Scenario:
             checkpoint_every=draw(st.integers(0, 1000)),
             timer=draw(st.none() | POSITIVE),
         ),
-        rendezvous=Rendezvous(min_nodes=1, max_nodes=draw(st.integers(1, 10))),
+        rendezvous=RendezvousSpec(min_nodes=1, max_nodes=draw(st.integers(1, 10))),
         agent=Agent(max_restarts=draw(st.integers(0, 100)), monitor_interval=draw(POSITIVE)),
-        store=Store(latency=draw(SECONDS)),
+        store=StoreSpec(latency=draw(SECONDS)),
         faults=tuple(draw(st.lists(fault, max_size=5))),
         expect=Expectation(
             state=draw(st.none() | st.sampled_from(ExpectedState)),

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import pytest
 
 import sim.run
-from elastic.events import ListSink, TeeSink
+from elastic.events import FanOutSink, ListSink
 from sim.checks import Checks, check_all
 from sim.report import build_report
 from sim.run import simulate
@@ -87,7 +87,7 @@ def test_the_log_is_streamed_to_a_sink_and_kept_only_when_asked() -> None:
     with pytest.raises(ValueError, match="keep_events=True"):
         plain.events  # noqa: B018  # the property raises
     sink, checks = ListSink(), Checks()
-    kept = simulate(sc, sink=TeeSink(sink, checks), keep_events=True)
+    kept = simulate(sc, sink=FanOutSink(sink, checks), keep_events=True)
     assert [e.to_json() for e in kept.events] == [e.to_json() for e in sink.events]
     # the invariant checkers fed as the run goes judge as they do over the whole log
     assert checks.violations() == check_all(kept.events) == []

@@ -133,6 +133,45 @@ def test_a_partitioned_nodes_lease_expires_ttl_after_the_cut_on_the_store_side()
     assert "k" not in _keys(host)
 
 
+def test_a_cut_off_lease_expires_ttl_after_its_last_renewal_every_third_of_the_ttl() -> None:
+    # granted at 0, renewed at 5 and 10 (every ttl/3); cut at 12: the last renewal that
+    # reached the store was at 10, so the lease ends at 25, not 12 + 15 = 27
+    clock, host = _host()
+    a = host.client("a")
+    clock.spawn(_hold_lease(a, "k"))
+    _at(clock, 12.0, a.partition_start)
+    clock.env.run(until=24.9)
+    assert "k" in _keys(host)
+    clock.env.run(until=25.1)
+    assert "k" not in _keys(host)
+
+
+@pytest.mark.parametrize(
+    ("heal", "expiry"),
+    [
+        # the renewal due at 5 is held until 9, before the next is due (10): the schedule
+        # goes on (10, 15, 20); cut again at 22, the last was at 20: the lease ends at 35
+        (9.0, 35.0),
+        # held until 11, past the next one's time: renewals restart from 11 (16, 21);
+        # cut again at 22, the last was at 21: the lease ends at 36
+        (11.0, 36.0),
+    ],
+)
+def test_a_renewal_held_past_the_next_ones_time_restarts_the_schedule(
+    heal: float, expiry: float
+) -> None:
+    clock, host = _host()
+    a = host.client("a")
+    clock.spawn(_hold_lease(a, "k"))
+    _at(clock, 3.0, a.partition_start)
+    _at(clock, heal, a.partition_end)
+    _at(clock, 22.0, a.partition_start)
+    clock.env.run(until=expiry - 0.1)
+    assert "k" in _keys(host)
+    clock.env.run(until=expiry + 0.1)
+    assert "k" not in _keys(host)
+
+
 def test_a_partition_healed_within_the_ttl_expires_nothing() -> None:
     clock, host = _host()
     a = host.client("a")

@@ -56,7 +56,7 @@ __all__ = [
     "NullSink",
     "RdzvEvent",
     "StreamSink",
-    "TeeSink",
+    "FanOutSink",
     "construct_and_record_rdzv_event",
     "get_logging_handler",
     "read_events",
@@ -186,7 +186,7 @@ class StreamSink:
         self._stream.flush()
 
 
-class TeeSink:
+class FanOutSink:
     """Sends each event to several sinks."""
 
     def __init__(self, *sinks: EventSink) -> None:

@@ -1,8 +1,8 @@
 """torch's launcher API: ``elastic_launch(config, entrypoint)(*args)`` and ``launch_agent``.
 
 ``launch_agent`` builds the rendezvous on this process's ports (an
-:class:`~elastic.real.clock.AsyncioClock` and an in-memory store created inside the
-running loop), the :class:`~elastic.agent.server.api.WorkerSpec` and a
+:class:`~elastic.real.clock.AsyncioClock` and the store described below, both created
+inside the running loop), the :class:`~elastic.agent.server.api.WorkerSpec` and a
 :class:`~elastic.agent.server.local_elastic_agent.LocalElasticAgent`, runs it, and
 
 * returns the workers' return values by global rank on success (``{}`` when the node
@@ -40,9 +40,13 @@ from elastic.run_args import LaunchConfig
 __all__ = ["LaunchConfig", "LaunchError", "elastic_launch", "fqdn", "free_port", "launch_agent"]
 
 if TYPE_CHECKING:
+    from elastic.agent.server.api import RunResult, WorkerSpec
+    from elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from elastic.events import EventSink
+    from elastic.multiprocessing.api import LogsSpecs
     from elastic.real.rdzv_store import RendezvousStore
     from elastic.real.reaper import ReaperSidecar
+    from elastic.rendezvous.api import RendezvousHandler, RendezvousParameters
 
 logger = logging.getLogger(__name__)
 
@@ -179,48 +183,19 @@ async def launch_agent_async(
     health_check_server: Any = None,
     reaper: bool | ReaperSidecar = True,
 ) -> dict[int, Any]:
-    """:func:`launch_agent` on the running event loop."""
+    """:func:`launch_agent` on the running event loop: check the configuration, open the
+    rendezvous store, run the agent on it, and close the store (a host lingers for the
+    other agents, unless a signal stopped this one)."""
+    from elastic.agent.server.local_elastic_agent import SignalException
     from elastic.real.clock import AsyncioClock
     from elastic.real.rdzv_store import open_rendezvous_store
-    from elastic.rendezvous.api import RendezvousParameters
-    from elastic.rendezvous.conf import check_rdzv_conf
 
     if entrypoint is None:
         raise ConfigError("entrypoint", "got None; expected a program or a function")
-    for flag, filters in (
-        ("--duplicate-stdout-filters", config.duplicate_stdout_filters),
-        ("--duplicate-stderr-filters", config.duplicate_stderr_filters),
-    ):
-        if filters:
-            raise ConfigError(
-                flag,
-                f"got {','.join(filters)!r}; filtered copies of the workers' output are not "
-                "supported yet: use --tee with --log-dir and filter the files",
-            )
-    run_id = config.run_id
-    if not run_id:
-        run_id = str(uuid4_int())
-        logger.warning("config has no run_id, generated a random run_id: %s", run_id)
-
-    why = check_rdzv_conf(config.rdzv_backend, config.rdzv_configs)
-    if why is not None:
-        raise ConfigError("--rdzv-conf", why)
-    # the token reaches the store and nothing else (parameters are printed in logs)
-    rdzv_configs = {k: v for k, v in config.rdzv_configs.items() if k != "token"}
+    _refuse_output_filters(config)
+    params = _rendezvous_parameters(config)
     clock = AsyncioClock()
     node_id = f"{socket.gethostname()}_{os.getpid()}"
-    try:
-        params = RendezvousParameters(
-            backend=config.rdzv_backend,
-            endpoint=config.rdzv_endpoint,
-            run_id=run_id,
-            min_nodes=config.min_nodes,
-            max_nodes=config.max_nodes,
-            local_addr=config.local_addr,
-            **rdzv_configs,
-        )
-    except ValueError as e:
-        raise ConfigError("--nnodes", str(e)) from None
     opened = await open_rendezvous_store(
         config.rdzv_backend,
         config.rdzv_endpoint,
@@ -230,8 +205,6 @@ async def launch_agent_async(
     )
     if opened.hosting:
         logger.info("This agent hosts the rendezvous: %s", opened.where)
-    from elastic.agent.server.local_elastic_agent import SignalException
-
     linger = _linger(config)
     try:
         return await _run_on_store(
@@ -252,6 +225,48 @@ async def launch_agent_async(
         await opened.aclose(linger=linger)
 
 
+def _refuse_output_filters(config: LaunchConfig) -> None:
+    """Refuse, in one line, the output filters this launcher does not implement yet."""
+    for flag, filters in (
+        ("--duplicate-stdout-filters", config.duplicate_stdout_filters),
+        ("--duplicate-stderr-filters", config.duplicate_stderr_filters),
+    ):
+        if filters:
+            raise ConfigError(
+                flag,
+                f"got {','.join(filters)!r}; filtered copies of the workers' output are not "
+                "supported yet: use --tee with --log-dir and filter the files",
+            )
+
+
+def _rendezvous_parameters(config: LaunchConfig) -> RendezvousParameters:
+    """The rendezvous parameters of ``config`` (a random run id if it has none), checked."""
+    from elastic.rendezvous.api import RendezvousParameters
+    from elastic.rendezvous.conf import check_rdzv_conf
+
+    run_id = config.run_id
+    if not run_id:
+        run_id = str(uuid4_int())
+        logger.warning("config has no run_id, generated a random run_id: %s", run_id)
+    why = check_rdzv_conf(config.rdzv_backend, config.rdzv_configs)
+    if why is not None:
+        raise ConfigError("--rdzv-conf", why)
+    # the token reaches the store and nothing else (parameters are printed in logs)
+    rdzv_configs = {k: v for k, v in config.rdzv_configs.items() if k != "token"}
+    try:
+        return RendezvousParameters(
+            backend=config.rdzv_backend,
+            endpoint=config.rdzv_endpoint,
+            run_id=run_id,
+            min_nodes=config.min_nodes,
+            max_nodes=config.max_nodes,
+            local_addr=config.local_addr,
+            **rdzv_configs,
+        )
+    except ValueError as e:
+        raise ConfigError("--nnodes", str(e)) from None
+
+
 def _linger(config: LaunchConfig) -> float:
     """How long a store host waits for the other agents to leave (the close timeout)."""
     try:
@@ -264,7 +279,7 @@ async def _run_on_store(
     config: LaunchConfig,
     entrypoint: Callable[..., Any] | str,
     args: list[Any],
-    params: Any,
+    params: RendezvousParameters,
     opened: RendezvousStore,
     clock: Any,
     node_id: str,
@@ -272,94 +287,16 @@ async def _run_on_store(
     health_check_server: Any,
     reaper: bool | ReaperSidecar,
 ) -> dict[int, Any]:
-    """Build the handler and the agent on the opened store, and run the agent."""
-    from elastic.agent.server.api import WorkerSpec, WorkerState
+    """Build the handler and the agent on the opened store, run the agent, and turn its
+    result into the workers' return values or the error to raise."""
     from elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    from elastic.multiprocessing.api import DefaultLogsSpecs, LogsSpecs
-    from elastic.rendezvous.api import RendezvousContext
-    from elastic.rendezvous.registry import get_rendezvous_handler
 
-    ctx = RendezvousContext(
-        store=opened.store,
-        clock=clock,
-        node_addr=config.local_addr or fqdn(),
-        node_id=node_id.replace("/", "_"),
-        port_chooser=free_port,
-    )
-    try:
-        handler = get_rendezvous_handler(params, ctx)
-    except ValueError as e:
-        raise ConfigError("--rdzv-backend", str(e)) from None
-
-    spec = WorkerSpec(
-        role=config.role,
-        local_world_size=config.nproc_per_node,
-        entrypoint=entrypoint,
-        args=tuple(args),
-        rdzv_handler=handler,
-        max_restarts=config.max_restarts,
-        monitor_interval=config.monitor_interval,
-        local_addr=config.local_addr,
-        event_log_handler=config.event_log_handler,
-        numa_options=config.numa_options,
-        duplicate_stdout_filters=config.duplicate_stdout_filters,
-        duplicate_stderr_filters=config.duplicate_stderr_filters,
-        virtual_local_rank=config.virtual_local_rank,
-    )
-    logs_specs: LogsSpecs
-    if config.logs_specs is not None:
-        logs_specs = config.logs_specs
-    else:
-        if config.logs_specs_name not in (None, "default"):
-            raise ConfigError(
-                "--logs-specs",
-                f"got {config.logs_specs_name!r}; only 'default' is available "
-                "(torch's logs-specs plugins need torch's launcher)",
-            )
-        try:
-            logs_specs = DefaultLogsSpecs(
-                log_dir=config.log_dir,
-                redirects=_mp_std(config.redirects),
-                tee=_mp_std(config.tee),
-                local_ranks_filter=(
-                    set(config.local_ranks_filter) if config.local_ranks_filter else None
-                ),
-            )
-        except (NotADirectoryError, OSError) as e:
-            raise ConfigError("--log-dir", f"got {config.log_dir!r}; {e}") from None
-
-    recorder: EventSink | None = None
-    if config.event_log_handler != "null":
-        # torch records its worker-status and rendezvous events through this handler
-        from elastic.events.api import RecordSink, handler_names
-
-        try:
-            recorder = RecordSink(
-                config.event_log_handler, params.run_id, config.rdzv_backend, fqdn()
-            )
-        except KeyError:
-            raise ConfigError(
-                "--event-log-handler",
-                f"got {config.event_log_handler!r}; expected one of {', '.join(handler_names())}",
-            ) from None
-
+    handler = _rendezvous_handler(config, params, opened, clock, node_id)
+    spec = _worker_spec(config, entrypoint, args, handler)
+    logs_specs = _logs_specs(config)
     # the handler is checked first: a refused name must not leave the event file open
-    event_file: IO[str] | None = None
-    events: EventSink | None = None
-    if config.event_log:
-        from elastic.events import StreamSink
-
-        try:
-            event_file = open(config.event_log, "a", encoding="utf-8")  # noqa: SIM115
-        except OSError as e:
-            raise ConfigError(
-                "--event-log", f"got {config.event_log!r}; cannot write it: {e.strerror}"
-            ) from None
-        events = StreamSink(event_file)
-    if recorder is not None:
-        from elastic.events import TeeSink
-
-        events = recorder if events is None else TeeSink(events, recorder)
+    recorder = _recorder(config, params.run_id)
+    event_file, events = _event_log(config, recorder)
     extra_env = dict(config.extra_env)
     # torch puts this in the agent's os.environ, whence every worker inherits it
     extra_env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
@@ -379,23 +316,156 @@ async def _run_on_store(
             reaper=reaper,
             preload=config.preload,
         )
-        from elastic.agent.server.local_elastic_agent import SignalException
-
-        try:
-            result = await agent.run_async()
-        except SignalException:
-            # torch keeps the rendezvous open for a restart of this node; the others
-            # learn at once that this one left (its lease is revoked), not a ttl later
-            await _leave(handler)
-            raise
-        except BaseException as e:
-            if not isinstance(e, StoreError | TimeoutError | OSError):
-                await _shutdown(handler)  # the store is up: close the rendezvous for all
-            raise
-        await _shutdown(handler)
+        result = await _run_agent(agent, handler)
     finally:
         if event_file is not None:
             event_file.close()
+    return _outcome(config, agent, result, logs_specs, _entrypoint_name(entrypoint, args))
+
+
+def _rendezvous_handler(
+    config: LaunchConfig,
+    params: RendezvousParameters,
+    opened: RendezvousStore,
+    clock: Any,
+    node_id: str,
+) -> RendezvousHandler:
+    """This node's rendezvous handler on the opened store, from the registry."""
+    from elastic.rendezvous.api import RendezvousContext
+    from elastic.rendezvous.registry import get_rendezvous_handler
+
+    ctx = RendezvousContext(
+        store=opened.store,
+        clock=clock,
+        node_addr=config.local_addr or fqdn(),
+        node_id=node_id.replace("/", "_"),
+        port_chooser=free_port,
+    )
+    try:
+        return get_rendezvous_handler(params, ctx)
+    except ValueError as e:
+        raise ConfigError("--rdzv-backend", str(e)) from None
+
+
+def _worker_spec(
+    config: LaunchConfig,
+    entrypoint: Callable[..., Any] | str,
+    args: list[Any],
+    handler: RendezvousHandler,
+) -> WorkerSpec:
+    from elastic.agent.server.api import WorkerSpec
+
+    return WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        rdzv_handler=handler,
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        local_addr=config.local_addr,
+        event_log_handler=config.event_log_handler,
+        numa_options=config.numa_options,
+        duplicate_stdout_filters=config.duplicate_stdout_filters,
+        duplicate_stderr_filters=config.duplicate_stderr_filters,
+        virtual_local_rank=config.virtual_local_rank,
+    )
+
+
+def _logs_specs(config: LaunchConfig) -> LogsSpecs:
+    """Where the workers' output goes: the config's own, else torch's default plugin."""
+    from elastic.multiprocessing.api import DefaultLogsSpecs
+
+    if config.logs_specs is not None:
+        given: LogsSpecs = config.logs_specs
+        return given
+    if config.logs_specs_name not in (None, "default"):
+        raise ConfigError(
+            "--logs-specs",
+            f"got {config.logs_specs_name!r}; only 'default' is available "
+            "(torch's logs-specs plugins need torch's launcher)",
+        )
+    try:
+        return DefaultLogsSpecs(
+            log_dir=config.log_dir,
+            redirects=_mp_std(config.redirects),
+            tee=_mp_std(config.tee),
+            local_ranks_filter=(
+                set(config.local_ranks_filter) if config.local_ranks_filter else None
+            ),
+        )
+    except (NotADirectoryError, OSError) as e:
+        raise ConfigError("--log-dir", f"got {config.log_dir!r}; {e}") from None
+
+
+def _recorder(config: LaunchConfig, run_id: str) -> EventSink | None:
+    """torch's ``--event-log-handler``: where its worker-status and rendezvous events go."""
+    if config.event_log_handler == "null":
+        return None
+    from elastic.events.api import RecordSink, handler_names
+
+    try:
+        return RecordSink(config.event_log_handler, run_id, config.rdzv_backend, fqdn())
+    except KeyError:
+        raise ConfigError(
+            "--event-log-handler",
+            f"got {config.event_log_handler!r}; expected one of {', '.join(handler_names())}",
+        ) from None
+
+
+def _event_log(
+    config: LaunchConfig, recorder: EventSink | None
+) -> tuple[IO[str] | None, EventSink | None]:
+    """The agent's event sink: ``--event-log``'s file (returned to be closed), the
+    recorder, both, or neither."""
+    event_file: IO[str] | None = None
+    events: EventSink | None = None
+    if config.event_log:
+        from elastic.events import StreamSink
+
+        try:
+            event_file = open(config.event_log, "a", encoding="utf-8")  # noqa: SIM115
+        except OSError as e:
+            raise ConfigError(
+                "--event-log", f"got {config.event_log!r}; cannot write it: {e.strerror}"
+            ) from None
+        events = StreamSink(event_file)
+    if recorder is not None:
+        from elastic.events import FanOutSink
+
+        events = recorder if events is None else FanOutSink(events, recorder)
+    return event_file, events
+
+
+async def _run_agent(agent: LocalElasticAgent, handler: RendezvousHandler) -> RunResult | None:
+    """Run the agent, then close the rendezvous for all, or only leave it when a signal
+    stopped this node (or nothing, when the store itself failed)."""
+    from elastic.agent.server.local_elastic_agent import SignalException
+
+    try:
+        result = await agent.run_async()
+    except SignalException:
+        # torch keeps the rendezvous open for a restart of this node; the others
+        # learn at once that this one left (its lease is revoked), not a ttl later
+        await _leave(handler)
+        raise
+    except BaseException as e:
+        if not isinstance(e, StoreError | TimeoutError | OSError):
+            await _shutdown(handler)  # the store is up: close the rendezvous for all
+        raise
+    await _shutdown(handler)
+    return result
+
+
+def _outcome(
+    config: LaunchConfig,
+    agent: LocalElasticAgent,
+    result: RunResult | None,
+    logs_specs: LogsSpecs,
+    name: str,
+) -> dict[int, Any]:
+    """The workers' return values by global rank, or the error that says why there are none."""
+    from elastic.agent.server.api import WorkerState
 
     succeeded = result is None or result.state == WorkerState.SUCCEEDED
     if succeeded and config.logs_specs is None and not config.log_dir:
@@ -408,7 +478,6 @@ async def _run_on_store(
         return dict(result.return_values)
     from elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    name = _entrypoint_name(entrypoint, args)
     failures = {r: f for r, f in result.failures.items() if isinstance(f, ProcessFailure)}
     if failures:
         raise ChildFailedError(name=name, failures=failures)

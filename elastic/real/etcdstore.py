@@ -270,11 +270,14 @@ class _KeepAlive:
             now = self._now()
             due: list[EtcdLease] = []
             while self._heap and self._heap[0][0] <= now:
-                _, lid = heapq.heappop(self._heap)
+                at, lid = heapq.heappop(self._heap)
                 lease = self._leases.get(lid)
                 if lease is not None:
                     due.append(lease)
-                    heapq.heappush(self._heap, (now + lease.ttl / 3, lid))
+                    # a fixed schedule (no drift by the loop's lag), restarted from now
+                    # if it fell a whole period behind (as the network store's client)
+                    nxt = at + lease.ttl / 3
+                    heapq.heappush(self._heap, (nxt if nxt > now else now + lease.ttl / 3, lid))
             final = list(self._final.values())
             self._final.clear()
             if due or final:

@@ -12,8 +12,11 @@ the simulator models (:mod:`sim.workers`):
   the slowest member node's slow-down factor, a checkpoint every ``checkpoint_every``
   steps that takes ``checkpoint_time`` (rank 0 writes it, atomically);
 * a step is a collective: before each step the worker checks that every member is
-  alive and not hung; if one is not, it stops making progress (no more beats), and
-  aborts ``collective_timeout`` later unless its agent stops it first;
+  alive and not hung, and that no member's node has had its link cut since the world
+  formed (``elastic real`` writes ``cuts/cut.NODE.INDEX`` holding the cut's scenario
+  time when it cuts a node off: the collective's stand-in, these files, does not cross
+  the network, so it is told); if one is not, it stops making progress (no more beats),
+  and aborts ``collective_timeout`` later unless its agent stops it first;
 * progress heartbeats (:func:`elastic.progress.beat`) after each step, and each step
   inside ``timer.expires(after=timer)`` when the job has a timer;
 * faults, at their scenario times: ``worker_crash`` (exit with the code; a negative
@@ -185,6 +188,9 @@ class ModelWorker:
         self.member_nodes: set[int] = {node}
         self.peers: dict[int, int] = {}
         self.hung = False
+        self.formed = 0.0  # scenario time the world gathered
+        self.cuts_dir = Path(cfg.dir) / "cuts"
+        self._cuts: dict[str, float] = {}  # marker name -> the cut's scenario time
 
     # -- time ----------------------------------------------------------------------------
     def now(self) -> float:
@@ -270,6 +276,7 @@ class ModelWorker:
             if len(members) >= self.world_size:
                 self.peers = {r: int(m["pid"]) for r, m in members.items() if r != self.rank}
                 self.member_nodes = {int(m["node"]) for m in members.values()}
+                self.formed = self.now()
                 return
             if time.monotonic() >= deadline:
                 self.abort("collective_init_timeout")
@@ -279,7 +286,28 @@ class ModelWorker:
         for r, pid in self.peers.items():
             if (self.world_dir / f"hung.{r}").exists() or not _alive(pid):
                 return False
-        return True
+        return not self._cut_off()
+
+    def _cut_off(self) -> bool:
+        """Whether a member node's link was cut since the world formed."""
+        try:
+            names = os.listdir(self.cuts_dir)
+        except OSError:
+            return False  # no cut yet
+        for name in names:
+            parts = name.split(".")
+            if len(parts) != 3 or parts[0] != "cut" or not parts[1].isdigit():
+                continue
+            if int(parts[1]) not in self.member_nodes:
+                continue
+            if name not in self._cuts:
+                try:
+                    self._cuts[name] = float(json.loads((self.cuts_dir / name).read_text())["at"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+            if self._cuts[name] >= self.formed:
+                return True
+        return False
 
     def collective(self) -> None:
         """A step's all-reduce: returns when all peers are there; blocks forever if not."""

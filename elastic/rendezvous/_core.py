@@ -52,7 +52,7 @@ __all__ = [
     "Action",
     "ActionKind",
     "CoreSettings",
-    "Event",
+    "Trigger",
     "IllegalTransition",
     "NodeStatus",
     "Phase",
@@ -101,7 +101,9 @@ class NodeStatus(enum.Enum):
     REDUNDANT = "redundant"  # redundancy list (the round is full)
 
 
-class Event(enum.Enum):
+class Trigger(enum.Enum):
+    """What happens to a rendezvous: the input of one transition of the tables below."""
+
     JOIN = "join"  # a node calls next_rendezvous
     LEAVE = "leave"  # a node leaves gracefully, or its lease expired
     TICK = "tick"  # time passed
@@ -152,7 +154,7 @@ class Action(Frozen):
 class IllegalTransition(RuntimeError):
     """An event that the current state does not allow; the state was not changed."""
 
-    def __init__(self, phase: Phase, status: NodeStatus | None, event: Event, node: str | None):
+    def __init__(self, phase: Phase, status: NodeStatus | None, event: Trigger, node: str | None):
         super().__init__(phase, status, event, node)
         self.phase, self.status, self.event, self.node = phase, status, event, node
 
@@ -283,11 +285,11 @@ class Rendezvous(Record):
 
     # -- public events ----------------------------------------------------------------
     def join(self, node: str, now: float) -> list[Action]:
-        return self._node_event(Event.JOIN, node, now)
+        return self._node_event(Trigger.JOIN, node, now)
 
     def leave(self, node: str, now: float) -> list[Action]:
         """``node`` left gracefully or its lease expired."""
-        return self._node_event(Event.LEAVE, node, now)
+        return self._node_event(Trigger.LEAVE, node, now)
 
     def crash(self, node: str, now: float) -> list[Action]:
         """``node`` died: it acts no more; its entries stay until :meth:`leave` (expiry)."""
@@ -295,18 +297,18 @@ class Rendezvous(Record):
         return []
 
     def tick(self, now: float) -> list[Action]:
-        return _GLOBAL[(self.phase, Event.TICK)](self, now)
+        return _GLOBAL[(self.phase, Trigger.TICK)](self, now)
 
     def close(self, now: float) -> list[Action]:
-        return _GLOBAL[(self.phase, Event.CLOSE)](self, now)
+        return _GLOBAL[(self.phase, Trigger.CLOSE)](self, now)
 
-    def _node_event(self, event: Event, node: str, now: float) -> list[Action]:
+    def _node_event(self, event: Trigger, node: str, now: float) -> list[Action]:
         status = self.status(node)
         handler = _TABLE.get((self.phase, status, event))
         if handler is None:
             raise IllegalTransition(self.phase, status, event, node)
         out = handler(self, node, now)
-        if event is Event.LEAVE:
+        if event is Trigger.LEAVE:
             self.crashed.discard(node)  # gone for good: a new incarnation may join
         return out
 
@@ -413,23 +415,23 @@ _NodeHandler = Callable[[Rendezvous, str, float], list[Action]]
 _GlobalHandler = Callable[[Rendezvous, float], list[Action]]
 
 # (phase, status of the node, event) -> transition.  Anything else is illegal.
-_TABLE: dict[tuple[Phase, NodeStatus, Event], _NodeHandler] = {
-    (Phase.OPEN, NodeStatus.ABSENT, Event.JOIN): Rendezvous._add,
-    (Phase.OPEN, NodeStatus.JOINED, Event.LEAVE): Rendezvous._remove_joined,
-    (Phase.COMPLETE, NodeStatus.ABSENT, Event.JOIN): Rendezvous._arrive_late,
-    (Phase.COMPLETE, NodeStatus.MEMBER, Event.JOIN): Rendezvous._member_restarts,
-    (Phase.COMPLETE, NodeStatus.MEMBER, Event.LEAVE): Rendezvous._member_lost,
-    (Phase.COMPLETE, NodeStatus.WAITING, Event.LEAVE): Rendezvous._unlist,
-    (Phase.COMPLETE, NodeStatus.REDUNDANT, Event.LEAVE): Rendezvous._unlist,
-    **{(Phase.CLOSED, s, Event.JOIN): Rendezvous._closed_join for s in NodeStatus},
-    **{(Phase.CLOSED, s, Event.LEAVE): Rendezvous._closed_leave for s in NodeStatus},
+_TABLE: dict[tuple[Phase, NodeStatus, Trigger], _NodeHandler] = {
+    (Phase.OPEN, NodeStatus.ABSENT, Trigger.JOIN): Rendezvous._add,
+    (Phase.OPEN, NodeStatus.JOINED, Trigger.LEAVE): Rendezvous._remove_joined,
+    (Phase.COMPLETE, NodeStatus.ABSENT, Trigger.JOIN): Rendezvous._arrive_late,
+    (Phase.COMPLETE, NodeStatus.MEMBER, Trigger.JOIN): Rendezvous._member_restarts,
+    (Phase.COMPLETE, NodeStatus.MEMBER, Trigger.LEAVE): Rendezvous._member_lost,
+    (Phase.COMPLETE, NodeStatus.WAITING, Trigger.LEAVE): Rendezvous._unlist,
+    (Phase.COMPLETE, NodeStatus.REDUNDANT, Trigger.LEAVE): Rendezvous._unlist,
+    **{(Phase.CLOSED, s, Trigger.JOIN): Rendezvous._closed_join for s in NodeStatus},
+    **{(Phase.CLOSED, s, Trigger.LEAVE): Rendezvous._closed_leave for s in NodeStatus},
 }
 
-_GLOBAL: dict[tuple[Phase, Event], _GlobalHandler] = {
-    (Phase.OPEN, Event.TICK): Rendezvous._tick_open,
-    (Phase.COMPLETE, Event.TICK): Rendezvous._noop,
-    (Phase.CLOSED, Event.TICK): Rendezvous._noop,
-    (Phase.OPEN, Event.CLOSE): Rendezvous._close,
-    (Phase.COMPLETE, Event.CLOSE): Rendezvous._close,
-    (Phase.CLOSED, Event.CLOSE): Rendezvous._noop,
+_GLOBAL: dict[tuple[Phase, Trigger], _GlobalHandler] = {
+    (Phase.OPEN, Trigger.TICK): Rendezvous._tick_open,
+    (Phase.COMPLETE, Trigger.TICK): Rendezvous._noop,
+    (Phase.CLOSED, Trigger.TICK): Rendezvous._noop,
+    (Phase.OPEN, Trigger.CLOSE): Rendezvous._close,
+    (Phase.COMPLETE, Trigger.CLOSE): Rendezvous._close,
+    (Phase.CLOSED, Trigger.CLOSE): Rendezvous._noop,
 }

@@ -33,10 +33,10 @@ from sim.scenario.model import (
     FaultKind,
     Job,
     RateFault,
-    Rendezvous,
-    RendezvousBackend,
+    RendezvousBackendName,
+    RendezvousSpec,
     Scenario,
-    Store,
+    StoreSpec,
 )
 from sim.scenario.reader import load_scenario, load_scenario_text
 
@@ -55,10 +55,10 @@ __all__ = [
     "FaultKind",
     "Job",
     "RateFault",
-    "Rendezvous",
-    "RendezvousBackend",
+    "RendezvousBackendName",
+    "RendezvousSpec",
     "Scenario",
-    "Store",
+    "StoreSpec",
     "expand_faults",
     "fault_rng",
     "load_scenario",

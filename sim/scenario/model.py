@@ -23,6 +23,7 @@ Decisions worth knowing (see also the field docstrings):
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -45,10 +46,10 @@ __all__ = [
     "Job",
     "Need",
     "RateFault",
-    "Rendezvous",
-    "RendezvousBackend",
+    "RendezvousBackendName",
+    "RendezvousSpec",
     "Scenario",
-    "Store",
+    "StoreSpec",
 ]
 
 #: The simulation gives up at this simulated time unless ``until:`` says otherwise.
@@ -70,7 +71,7 @@ class FaultKind(enum.StrEnum):
     GPU_ERROR = "gpu_error"
 
 
-class RendezvousBackend(enum.StrEnum):
+class RendezvousBackendName(enum.StrEnum):
     """The rendezvous the simulated agents use (torchrun's ``--rdzv-backend`` names)."""
 
     C10D = "c10d"
@@ -95,6 +96,9 @@ class Job:
     ``preload_saves``: how much of ``startup_time`` ``elastic run --preload`` removes from
     every start of the workers (None: not said; a calibration file may supply it, see
     :mod:`sim.calibration`; else 0).
+
+    The methods are the training arithmetic the simulated workers run on
+    (:mod:`sim.workers`): progress is computed from time, never stepped through.
     """
 
     steps: int
@@ -106,6 +110,69 @@ class Job:
     timer: float | None = None
     hang_timeout: float | None = None
     preload_saves: float | None = None
+
+    def segment(self) -> float:
+        """The seconds from one checkpoint's end to the next's: its steps and the save."""
+        return self.checkpoint_every * self.step_time + self.checkpoint_time
+
+    def progress(self, s0: int, work: float) -> tuple[int, int]:
+        """(steps reached, last completed checkpoint) after ``work`` seconds from step ``s0``."""
+        if work <= 0:
+            return s0, s0
+        k = self.checkpoint_every
+        if k <= 0:
+            steps = s0 + math.floor(work / self.step_time + 1e-9)
+            return min(steps, self.steps), s0
+        seg = self.segment()
+        n_full = math.floor(work / seg + 1e-9)
+        rem = work - n_full * seg
+        in_seg = min(k, math.floor(rem / self.step_time + 1e-9))
+        steps = min(self.steps, s0 + n_full * k + in_seg)
+        ckpt = min(self.steps, s0 + n_full * k)
+        return steps, ckpt
+
+    def phase_start(self, work: float) -> float:
+        """Where (in work seconds) the step or checkpoint in progress at ``work`` began.
+
+        A worker's step timer is acquired there (the model worker runs every step and
+        every checkpoint inside ``expires(after=timer)``)."""
+        st = self.step_time
+        k = self.checkpoint_every
+        if k <= 0:
+            return math.floor(work / st + 1e-9) * st
+        seg = self.segment()
+        n_full = math.floor(work / seg + 1e-9)
+        rem = work - n_full * seg
+        if rem < k * st - 1e-9:
+            return n_full * seg + math.floor(rem / st + 1e-9) * st
+        return n_full * seg + k * st  # in the checkpoint
+
+    def last_beat(self, work: float) -> float | None:
+        """Where (in work seconds) the last step completed before ``work``: a worker beats
+        after each step.  None before the first step of a world completed."""
+        st = self.step_time
+        k = self.checkpoint_every
+        if k <= 0:
+            n = math.floor(work / st + 1e-9)
+            return n * st if n > 0 else None
+        seg = self.segment()
+        n_full = math.floor(work / seg + 1e-9)
+        rem = work - n_full * seg
+        in_seg = min(k, math.floor(rem / st + 1e-9))
+        if in_seg > 0:
+            return n_full * seg + in_seg * st
+        if n_full == 0:
+            return None
+        return (n_full - 1) * seg + k * st  # the step before the last checkpoint
+
+    def work_to_finish(self, s0: int) -> float:
+        """Seconds of work from step ``s0`` (a checkpoint) to the last step."""
+        remaining = max(0, self.steps - s0)
+        if remaining == 0:
+            return 0.0
+        k = self.checkpoint_every
+        n_ckpt = (math.ceil(remaining / k) - 1) if k > 0 else 0
+        return remaining * self.step_time + n_ckpt * self.checkpoint_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +186,7 @@ class Agent:
 
 
 @dataclass(frozen=True, slots=True)
-class Rendezvous:
+class RendezvousSpec:
     """Rendezvous settings; the timeouts default to torch's dynamic rendezvous.
 
     ``heartbeat_timeout`` is how long a silent node stays a member: torch drops a node after
@@ -128,7 +195,7 @@ class Rendezvous:
 
     min_nodes: int
     max_nodes: int
-    backend: RendezvousBackend = RendezvousBackend.C10D
+    backend: RendezvousBackendName = RendezvousBackendName.C10D
     join_timeout: float = 600.0
     last_call_timeout: float = 30.0
     heartbeat_timeout: float = 15.0
@@ -136,7 +203,7 @@ class Rendezvous:
 
 
 @dataclass(frozen=True, slots=True)
-class Store:
+class StoreSpec:
     """The simulated store host: one-way latency of every operation, in seconds."""
 
     latency: float = 0.001
@@ -252,12 +319,12 @@ class Scenario:
     name: str
     cluster: Cluster
     job: Job
-    rendezvous: Rendezvous
+    rendezvous: RendezvousSpec
     seed: int = 0
     until: float = DEFAULT_UNTIL
     description: str = ""
     agent: Agent = field(default_factory=Agent)
-    store: Store = field(default_factory=Store)
+    store: StoreSpec = field(default_factory=StoreSpec)
     faults: tuple[Fault | RateFault, ...] = ()
     expect: Expectation = field(default_factory=Expectation)
     source: str = field(default="<string>", compare=False)

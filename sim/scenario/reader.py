@@ -51,10 +51,10 @@ from sim.scenario.model import (
     Job,
     Need,
     RateFault,
-    Rendezvous,
-    RendezvousBackend,
+    RendezvousBackendName,
+    RendezvousSpec,
     Scenario,
-    Store,
+    StoreSpec,
 )
 from sim.scenario.walker import (
     LOADER,
@@ -326,17 +326,17 @@ class _ScenarioReader:
             shutdown_timeout=m.get("shutdown_timeout", Duration(), 30.0),
         )
 
-    def _store(self, top: Map) -> Store:
+    def _store(self, top: Map) -> StoreSpec:
         m = self._section(top, "store", required=False)
         if m is None:
-            return Store()
-        return Store(latency=m.get("latency", Duration(), Store().latency))
+            return StoreSpec()
+        return StoreSpec(latency=m.get("latency", Duration(), StoreSpec().latency))
 
-    def _rendezvous(self, top: Map, cluster: Cluster) -> Rendezvous:
+    def _rendezvous(self, top: Map, cluster: Cluster) -> RendezvousSpec:
         m = self._section(top, "rendezvous", required=False)
         if m is None:
-            return Rendezvous(min_nodes=cluster.nodes, max_nodes=cluster.nodes)
-        backend = m.get("backend", Choice(RendezvousBackend), RendezvousBackend.C10D)
+            return RendezvousSpec(min_nodes=cluster.nodes, max_nodes=cluster.nodes)
+        backend = m.get("backend", Choice(RendezvousBackendName), RendezvousBackendName.C10D)
         given_min = m.opt("min_nodes", Int(1, MAX_NODES))
         given_max = m.opt("max_nodes", Int(1, MAX_NODES))
         if given_min is None:
@@ -350,7 +350,7 @@ class _ScenarioReader:
                 m.sub("max_nodes"),
                 f"got {max_nodes}; expected ≥ min_nodes ({min_nodes})",
             )
-        if backend is RendezvousBackend.STATIC:
+        if backend is RendezvousBackendName.STATIC:
             # max first: a max_nodes given alone also lowers the default min_nodes
             for key, value in (("max_nodes", max_nodes), ("min_nodes", min_nodes)):
                 if value != cluster.nodes:
@@ -367,7 +367,7 @@ class _ScenarioReader:
                     f"got 'static'; expected c10d with cluster.spare_nodes "
                     f"{cluster.spare_nodes}: a static rendezvous has no room for spares",
                 )
-        return Rendezvous(
+        return RendezvousSpec(
             backend=backend,
             min_nodes=min_nodes,
             max_nodes=max_nodes,
@@ -378,7 +378,7 @@ class _ScenarioReader:
         )
 
     def _faults(
-        self, top: Map, cluster: Cluster, rendezvous: Rendezvous, until: float
+        self, top: Map, cluster: Cluster, rendezvous: RendezvousSpec, until: float
     ) -> tuple[Fault | RateFault, ...]:
         node = top.value_node("faults")
         if node is None:
@@ -436,13 +436,13 @@ class _ScenarioReader:
         path: str,
         index: int,
         cluster: Cluster,
-        rendezvous: Rendezvous,
+        rendezvous: RendezvousSpec,
         until: float,
         refs: list[_NodeRef],
     ) -> Fault | RateFault:
         m = Map(self.ctx, item, path, "a fault mapping such as {at: 10m, kind: worker_crash, ...}")
         kind = m.req("kind", Choice(FaultKind))
-        if kind is FaultKind.NODE_JOIN and rendezvous.backend is RendezvousBackend.STATIC:
+        if kind is FaultKind.NODE_JOIN and rendezvous.backend is RendezvousBackendName.STATIC:
             raise self.ctx.error(
                 m.line_of("kind"),
                 m.sub("kind"),

@@ -83,7 +83,7 @@ from elastic.workers import WorkerExit
 
 __all__ = [
     "FREE_EXIT_CODES",
-    "Action",
+    "GroupAction",
     "Decision",
     "IllegalDecision",
     "Outcome",
@@ -165,7 +165,7 @@ class Outcome(Frozen):
         return cls(OutcomeKind.TIMEOUT, reason=reason)
 
 
-class Action(enum.Enum):
+class GroupAction(enum.Enum):
     WAIT = "wait"
     SUCCEED = "succeed"
     RESTART = "restart"
@@ -188,7 +188,7 @@ class Decision(Frozen):
         "spent",
         "state",
     )
-    action: Action
+    action: GroupAction
     #: the group's state the outcome shows, set before acting (``None``: unchanged)
     state: WorkerState | None
     #: the event kind emitted before acting, with ``reason=detail`` (``None``: none)
@@ -208,7 +208,7 @@ class Decision(Frozen):
 
     def __init__(
         self,
-        action: Action,
+        action: GroupAction,
         state: WorkerState | None,
         notice: str | None,
         reason: str,
@@ -257,11 +257,15 @@ def _spend_or_stop(
 ) -> Decision:
     """The one place a failure spends a restart, restarts for free, or stops the agent."""
     if free:
-        return Decision(Action.RESTART, state, notice, reason, detail, remaining, False, failed)
+        return Decision(
+            GroupAction.RESTART, state, notice, reason, detail, remaining, False, failed
+        )
     if remaining > 0:
-        return Decision(Action.RESTART, state, notice, reason, detail, remaining - 1, True, failed)
+        return Decision(
+            GroupAction.RESTART, state, notice, reason, detail, remaining - 1, True, failed
+        )
     return Decision(
-        Action.FAIL,
+        GroupAction.FAIL,
         state,
         notice,
         kinds.STOP_RESTARTS_EXHAUSTED,
@@ -276,11 +280,11 @@ def _spend_or_stop(
 def _on_exits(outcome: Outcome, remaining: int) -> Decision:
     exits = outcome.exits
     if not settled(exits, outcome.group_size):
-        return Decision(Action.WAIT, None, None, "", "", remaining)
+        return Decision(GroupAction.WAIT, None, None, "", "", remaining)
     failed = tuple(ex.local_rank for ex in exits if ex.failed)
     if not failed:
         return Decision(
-            Action.SUCCEED,
+            GroupAction.SUCCEED,
             WorkerState.SUCCEEDED,
             None,
             "",
@@ -317,7 +321,7 @@ def _on_health(outcome: Outcome, remaining: int) -> Decision:
 def _on_membership(outcome: Outcome, remaining: int) -> Decision:
     if outcome.reason == CLOSED:
         return Decision(
-            Action.CLOSE,
+            GroupAction.CLOSE,
             None,
             None,
             kinds.STOP_RENDEZVOUS_CLOSED,
@@ -326,7 +330,7 @@ def _on_membership(outcome: Outcome, remaining: int) -> Decision:
             result=WorkerState.FAILED,
         )
     return Decision(
-        Action.RESTART,
+        GroupAction.RESTART,
         None,
         kinds.AGENT_MEMBERSHIP_CHANGE,
         kinds.RESTART_MEMBERSHIP,
@@ -337,7 +341,12 @@ def _on_membership(outcome: Outcome, remaining: int) -> Decision:
 
 def _rejoin(outcome: Outcome, remaining: int) -> Decision:
     return Decision(
-        Action.REJOIN, None, kinds.AGENT_MEMBERSHIP_CHANGE, "membership", outcome.reason, remaining
+        GroupAction.REJOIN,
+        None,
+        kinds.AGENT_MEMBERSHIP_CHANGE,
+        "membership",
+        outcome.reason,
+        remaining,
     )
 
 

@@ -38,7 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from elastic.agent.ranks import exchange_ranks_in_round
-from elastic.agent.server._decide import Action, Decision, Outcome, WorkerState, decide, settled
+from elastic.agent.server._decide import (
+    Decision,
+    GroupAction,
+    Outcome,
+    WorkerState,
+    decide,
+    settled,
+)
 from elastic.clock import Cancelled, Clock, Task
 from elastic.errors import ElasticError
 from elastic.events import AgentEvent, EventSink, NullSink, kinds
@@ -438,11 +445,11 @@ class SimpleElasticAgent(ElasticAgent):
                 self.metrics.put(f"workers.{role}.{d.state.name.lower()}", 1)
             if d.notice is not None:
                 self._emit(d.notice, reason=d.detail)
-            if d.action is Action.RESTART:
+            if d.action is GroupAction.RESTART:
                 self._remaining_restarts = d.remaining
                 await self._restart_workers(wg, d.reason, detail=d.detail)
                 continue
-            if d.action is Action.SUCCEED:
+            if d.action is GroupAction.SUCCEED:
                 result = self._succeeded(wg, outcome)
                 self._emit_worker_finals(result)
                 await self._exit_barrier()
@@ -455,9 +462,9 @@ class SimpleElasticAgent(ElasticAgent):
         self, wg: WorkerGroup, group: RunningGroup, outcome: Outcome, d: Decision
     ) -> RunResult:
         """Apply FAIL or CLOSE: stop the group and return the run's result."""
-        assert d.action in (Action.FAIL, Action.CLOSE) and d.result is not None, d
+        assert d.action in (GroupAction.FAIL, GroupAction.CLOSE) and d.result is not None, d
         await self._stop_group(d.reason)
-        if d.action is Action.CLOSE:
+        if d.action is GroupAction.CLOSE:
             self._emit(kinds.AGENT_RENDEZVOUS_CLOSED)
         by_local = {w.local_rank: w for w in wg.workers}
         exits = {ex.local_rank: ex for ex in outcome.exits}
@@ -681,7 +688,7 @@ class SimpleElasticAgent(ElasticAgent):
     def _rejoin(self, wg: WorkerGroup, outcome: Outcome) -> None:
         """Apply the decision for a round lost before its group started (REJOIN)."""
         d = decide(wg.state, outcome, self._remaining_restarts)
-        assert d.action is Action.REJOIN and d.notice is not None, d
+        assert d.action is GroupAction.REJOIN and d.notice is not None, d
         self._emit(d.notice, reason=d.detail)
 
     def worker_env(self, wg: WorkerGroup, worker: Worker) -> dict[str, str]:

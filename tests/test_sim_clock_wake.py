@@ -1,0 +1,118 @@
+"""SimClock's shared wake-ups: sleeps that end at the same time share one simpy event, and
+everything happens in exactly the order one simpy Timeout per sleep gives."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import pytest
+import simpy
+
+from elastic.clock import Cancelled, Task
+from sim.clock import SimClock
+
+
+def _program(clock: SimClock, seed: int) -> list[tuple[float, str]]:
+    """Random tasks that sleep, spawn, cancel each other, set events and race timeouts on
+    a few delays (so many sleeps end at the same instant); returns what happened, when."""
+    rng = random.Random(seed)
+    log: list[tuple[float, str]] = []
+    tasks: list[Task[None]] = []
+    ev = clock.event()
+    delays = [0.0, 0.5, 1.0, 1.5]
+
+    async def worker(name: str, depth: int) -> None:
+        try:
+            for i in range(rng.randint(1, 6)):
+                choice = rng.random()
+                if choice < 0.5:
+                    await clock.sleep(rng.choice(delays))
+                elif choice < 0.6 and depth < 2:
+                    tasks.append(clock.spawn(worker(f"{name}.{i}", depth + 1), name=name))
+                elif choice < 0.7 and tasks:
+                    victim = rng.choice(tasks)
+                    if not victim.done():
+                        with contextlib.suppress(RuntimeError):  # itself
+                            victim.cancel()
+                elif choice < 0.8:
+                    ev.set(name)
+                elif choice < 0.9:
+                    try:
+                        await clock.timeout(rng.choice(delays), clock.sleep(rng.choice(delays)))
+                    except TimeoutError:
+                        log.append((clock.now(), f"{name} timed out"))
+                else:
+                    # a raw simpy timeout at a shared instant: sleeps after it resume after it
+                    clock.env.timeout(rng.choice(delays)).callbacks.append(
+                        lambda _e, n=name: log.append((clock.now(), f"{n} raw"))
+                    )
+                log.append((clock.now(), f"{name} step {i}"))
+        except Cancelled:
+            log.append((clock.now(), f"{name} cancelled"))
+            raise
+
+    for k in range(8):
+        tasks.append(clock.spawn(worker(f"t{k}", 0), name=f"t{k}"))
+    clock.env.run(until=50)
+    return log
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_shared_wake_ups_keep_the_order_of_one_timeout_per_sleep(seed: int) -> None:
+    plain = SimClock(simpy.Environment())  # one simpy Timeout per sleep
+    shared = SimClock()
+    want = _program(plain, seed)
+    got = _program(shared, seed)
+    assert got == want
+    assert shared.events() <= plain.events()
+
+
+def test_sleeps_to_the_same_instant_cost_one_queue_entry() -> None:
+    clock = SimClock()
+    woke: list[int] = []
+
+    async def sleeper(i: int) -> None:
+        await clock.sleep(1.0)
+        woke.append(i)
+
+    for i in range(100):
+        clock.spawn(sleeper(i))
+    before = clock.events()
+    clock.env.run()
+    # one wake-up and one entry for the 100 process ends, not 100 timeouts and 100 ends
+    assert clock.events() - before == 2
+    assert woke == list(range(100))
+
+
+def test_a_cancelled_sleeper_leaves_the_shared_wake_up_to_the_others() -> None:
+    clock = SimClock()
+    woke: list[str] = []
+
+    async def sleeper(name: str) -> None:
+        await clock.sleep(2.0)
+        woke.append(name)
+
+    a = clock.spawn(sleeper("a"))
+    b = clock.spawn(sleeper("b"))
+
+    async def killer() -> None:
+        await clock.sleep(1.0)
+        a.cancel()
+
+    clock.spawn(killer())
+    clock.env.run()
+    assert woke == ["b"]
+    assert a.done() and b.done()
+
+
+def test_progress_ticks_change_neither_the_order_nor_the_event_count() -> None:
+    quiet = SimClock()
+    want = _program(quiet, 7)
+    watched = SimClock()
+    ticks: list[float] = []
+    watched.every(0.5, ticks.append)
+    got = _program(watched, 7)
+    assert got == want
+    assert watched.events() == quiet.events()
+    assert ticks[:3] == [0.5, 1.0, 1.5]
