@@ -42,8 +42,16 @@ def _one(nodes: int, days: float, gc_tuning: bool) -> dict[str, object]:
 
     sim.gcpause.ENABLED = gc_tuning
     sc = load_scenario_text(scenario(nodes, days), "bench")
+    # resident memory now (not the peak) at each quarter of the simulated time: flat when
+    # the run keeps nothing per round (issue 16)
+    quarters: list[int] = []
+
+    def sample(now: float, until: float) -> None:
+        if now >= until * (len(quarters) + 1) / 4 - 1e-6:
+            quarters.append(_rss_mib())
+
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    report = simulate(sc).report
+    report = simulate(sc, progress=sample).report
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     rounds = int(report["rendezvous_rounds"])  # type: ignore[call-overload]
     sim_events = int(report["sim_events"])  # type: ignore[call-overload]
@@ -55,6 +63,7 @@ def _one(nodes: int, days: float, gc_tuning: bool) -> dict[str, object]:
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "rss_by_quarter_mib": "/".join(str(q) for q in quarters),
         "faults": sum(report["faults"].values()),  # type: ignore[attr-defined]
         "rendezvous_rounds": rounds,
         "sim_events": sim_events,
@@ -63,6 +72,11 @@ def _one(nodes: int, days: float, gc_tuning: bool) -> dict[str, object]:
         "state": report["state"],
         "ettr": report["ettr"],
     }
+
+
+def _rss_mib() -> int:
+    with open("/proc/self/statm") as f:
+        return round(int(f.read().split()[1]) * resource.getpagesize() / 2**20)
 
 
 def main() -> None:

@@ -194,7 +194,7 @@ def assign_round_trips(sc: Scenario) -> float:
     from sim.run import simulate
 
     latency = 0.0005
-    result = simulate(replace(sc, store=StoreSpec(latency=latency), faults=()))
+    result = simulate(replace(sc, store=StoreSpec(latency=latency), faults=()), keep_events=True)
     durations = [
         float(e.fields["duration_ms"]) / 1000
         for e in result.events

@@ -20,16 +20,17 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, NoReturn
+from contextlib import contextmanager, suppress
+from typing import IO, Any, NoReturn
 
 from elastic.errors import ConfigError
-from elastic.events import kinds
+from elastic.events import FanOutSink
 from sim.calibration import apply_calibration, load_calibration, scenario_calibration
 from sim.expect import check
 from sim.losses import summary_rows
-from sim.run import simulate
+from sim.run import SimResult, simulate
 from sim.scenario.model import Scenario
 from sim.scenario.reader import load_scenario
 
@@ -162,6 +163,80 @@ def _log_bytes(events: Sequence[Any]) -> bytes:
     return "".join(e.to_json() + "\n" for e in events).encode()
 
 
+class _LogSink:
+    """The event log as it happens, never held: its SHA-256 and, given a path, the file.
+
+    The file is written to a temporary file beside ``path`` and put in place by
+    :meth:`commit` once the run is judged (a run with an internal error, or one that
+    is not deterministic, writes nothing, as when the log was written after the run).
+    A write error is kept and reported after the run: an event sink must not raise
+    into the agents.
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        self.sha256 = hashlib.sha256()
+        self.path = path
+        self._tmp: str | None = None
+        self._file: IO[bytes] | None = None
+        self.error: OSError | None = None
+        if path is not None:
+            try:
+                if os.path.exists(path) and not os.path.isfile(path):
+                    # a pipe or a terminal (/dev/stdout): written as it happens, in place
+                    self._file = open(path, "wb")  # noqa: SIM115  # closed by commit/discard
+                else:
+                    fd, self._tmp = tempfile.mkstemp(
+                        prefix=".events-",
+                        suffix=".partial",
+                        dir=os.path.dirname(os.path.abspath(path)),
+                    )
+                    self._file = os.fdopen(fd, "wb")
+            except OSError as e:
+                self.error = e
+
+    def emit(self, event: Any) -> None:
+        line = (event.to_json() + "\n").encode()
+        self.sha256.update(line)
+        if self._file is not None:
+            try:
+                self._file.write(line)
+            except OSError as e:
+                self.error = e
+                self.discard()
+
+    def commit(self, flag: str) -> str | None:
+        """Put the file in place; the one line to print if it cannot be."""
+        if self.path is None:
+            return None
+        try:
+            if self.error is not None:
+                raise self.error
+            assert self._file is not None
+            self._file.close()
+            self._file = None
+            if self._tmp is None:
+                return None  # written in place
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(self._tmp, 0o666 & ~umask)  # as open() would have made it
+            os.replace(self._tmp, self.path)
+            self._tmp = None
+        except OSError as e:
+            self.discard()
+            return f"{flag} {self.path}: cannot write it: {e.strerror}"
+        return None
+
+    def discard(self) -> None:
+        if self._file is not None:
+            with suppress(OSError):
+                self._file.close()
+            self._file = None
+        if self._tmp is not None:
+            with suppress(OSError):
+                os.unlink(self._tmp)
+            self._tmp = None
+
+
 def _human(report: dict[str, Any], failures: list[str]) -> str:
     if "sim_time_s" not in report:
         return _human_real(report, failures)
@@ -236,7 +311,7 @@ def _table(rows: list[tuple[str, Any]], report: dict[str, Any], failures: list[s
     return "\n".join(lines)
 
 
-def _plot(events: Sequence[Any], path: str, title: str) -> str | None:
+def _plot(events: Any, path: str, title: str) -> str | None:
     """Draw the timeline; the one line to print if it cannot."""
     try:
         from sim.plot import plot_timeline
@@ -253,6 +328,56 @@ def _plot(events: Sequence[Any], path: str, title: str) -> str | None:
 
 def _say(prog: str, line: str) -> None:
     print(f"{prog}: {line}", file=sys.stderr)
+
+
+def _run_and_judge(
+    args: argparse.Namespace,
+    scenario: Scenario,
+    calibration: Any,
+    show: bool,
+    log: _LogSink,
+    sinks: list[Any],
+    timeline: Any,
+) -> SimResult | tuple[int, str]:
+    """Run the scenario (twice with --check-determinism), streaming its log to ``sinks``;
+    write --events and --plot.  The result, or (exit code, the one line to print)."""
+    sink: Any = None if not sinks else sinks[0] if len(sinks) == 1 else FanOutSink(*sinks)
+    try:
+        with _progress_bar(show, "simulating") as progress:
+            result = simulate(
+                scenario,
+                progress=progress,
+                calibration=calibration,
+                time_scale=args.time_scale,
+                sink=sink,
+            )
+    except ConfigError as e:
+        return 2, str(e)
+    if result.unobserved_errors:
+        return 3, (
+            f"internal error in the simulation: {result.unobserved_errors[0]} — replay with: "
+            f"elastic sim {args.scenario} --seed {scenario.seed}"
+        )
+    if args.check_determinism:
+        again = _LogSink()
+        with _progress_bar(show, "again, for --check-determinism") as progress:
+            simulate(
+                scenario,
+                progress=progress,
+                calibration=calibration,
+                time_scale=args.time_scale,
+                sink=again,
+            )
+        if log.sha256.digest() != again.sha256.digest():
+            return 1, (
+                f"NOT deterministic: two runs of {args.scenario} with seed "
+                f"{scenario.seed} gave different event logs"
+            )
+    if args.events and (problem := log.commit("--events")):
+        return 2, problem
+    if args.plot and (problem := _plot(timeline, args.plot, scenario.name)):
+        return 2, problem
+    return result
 
 
 def main(argv: Sequence[str]) -> int:
@@ -284,45 +409,29 @@ def main(argv: Sequence[str]) -> int:
             _say(prog, problem)
             return 2
     show = sys.stderr.isatty() and not args.json
+    # the log is streamed to its sinks as the run goes, never held (a 54-day run's log
+    # would not fit in memory): the --events file and its hash, the plot's timeline
+    log = _LogSink(args.events)
+    # serializing every event costs CPU: only for a log that is written or hashed
+    sinks: list[Any] = [log] if args.events or args.check_determinism else []
+    timeline: Any = None
+    if args.plot:
+        from sim.plot import Timeline
+
+        timeline = Timeline()
+        sinks.append(timeline)
     try:
-        with _progress_bar(show, "simulating") as progress:
-            result = simulate(
-                scenario, progress=progress, calibration=calibration, time_scale=args.time_scale
-            )
-    except ConfigError as e:
-        _say(prog, str(e))
-        return 2
+        outcome = _run_and_judge(args, scenario, calibration, show, log, sinks, timeline)
+    finally:
+        log.discard()  # unless committed
+    if isinstance(outcome, tuple):
+        code, line = outcome
+        _say(prog, line)
+        return code
+    result = outcome
     report = dict(result.report)
-    unobserved: list[str] = next(
-        (list(e.fields["unobserved_errors"]) for e in result.events if e.kind == "sim.end"), []
-    )
-    if unobserved:
-        _say(
-            prog,
-            f"internal error in the simulation: {unobserved[0]} — replay with: "
-            f"elastic sim {args.scenario} --seed {scenario.seed}",
-        )
-        return 3
-    log = _log_bytes(result.events)
     if args.check_determinism:
-        with _progress_bar(show, "again, for --check-determinism") as progress:
-            again = simulate(
-                scenario, progress=progress, calibration=calibration, time_scale=args.time_scale
-            )
-        report["event_log_sha256"] = hashlib.sha256(log).hexdigest()
-        if log != _log_bytes(again.events):
-            _say(
-                prog,
-                f"NOT deterministic: two runs of {args.scenario} with seed "
-                f"{scenario.seed} gave different event logs",
-            )
-            return 1
-    if args.events and (problem := _write("--events", args.events, log)):
-        _say(prog, problem)
-        return 2
-    if args.plot and (problem := _plot(result.events, args.plot, scenario.name)):
-        _say(prog, problem)
-        return 2
+        report["event_log_sha256"] = log.sha256.hexdigest()
     if args.write_faults:
         explicit: Scenario = scenario.with_faults(result.faults)
         if problem := _write("--write-faults", args.write_faults, explicit.to_yaml().encode()):
@@ -338,22 +447,6 @@ def main(argv: Sequence[str]) -> int:
         if failures:
             print(f"replay: elastic sim {args.scenario} --seed {scenario.seed}")
     return 1 if failures else 0
-
-
-#: Event kinds the timeline plot draws (the rest of a large log is not kept for it).
-PLOT_KINDS = frozenset(
-    {
-        kinds.AGENT_GROUP_STARTED,
-        kinds.AGENT_GROUP_STOPPED,
-        kinds.AGENT_FINISH,
-        kinds.AGENT_REFUSED_START,
-        "sim.fault",
-        "sim.world_running",
-        "sim.progress",
-        "sim.end",
-        "sim.start",
-    }
-)
 
 
 def report_main(argv: Sequence[str]) -> int:
@@ -376,20 +469,27 @@ def report_main(argv: Sequence[str]) -> int:
     if args.plot is not None and (problem := _output_problem("--plot", args.plot)):
         _say(prog, problem)
         return 2
-    kept: list[Any] = []
+    # one pass, nothing held: the report and, with --plot, the plot's timeline are fed
+    # each event as it is read (the timeline sees every kind: its lost-time bands need
+    # the agents' reactions and rendezvous too)
+    timeline: Any = None
+    if args.plot:
+        from sim.plot import Timeline
 
-    def keep(events: Iterator[Any]) -> Iterator[Any]:
+        timeline = Timeline()
+
+    def tee(events: Iterator[Any]) -> Iterator[Any]:
         for e in events:
-            if args.plot and e.kind in PLOT_KINDS:
-                kept.append(e)
+            if timeline is not None:
+                timeline.emit(e)
             yield e
 
     try:
-        report = build_report(keep(iter_event_log(args.events)))
+        report = build_report(tee(iter_event_log(args.events)))
     except EventLogError as e:
         _say(prog, str(e))
         return 2
-    if args.plot and (problem := _plot(kept, args.plot, args.events)):
+    if args.plot and (problem := _plot(timeline, args.plot, args.events)):
         _say(prog, problem)
         return 2
     if args.json:

@@ -175,7 +175,7 @@ def compare(
     from sim.realrun import real_run
     from sim.run import simulate
 
-    s = simulate(sc, calibration=calibration, time_scale=time_scale)
+    s = simulate(sc, calibration=calibration, time_scale=time_scale, keep_events=True)
     r = real_run(sc, time_scale)
     return Comparison(
         sc,

@@ -25,7 +25,7 @@ from typing import Any
 from elastic.events import AgentEvent, kinds
 from sim.losses import LostTime
 
-__all__ = ["MAX_LANES", "plot_timeline"]
+__all__ = ["MAX_LANES", "Timeline", "plot_timeline"]
 
 #: The most nodes drawn as one lane each; above it the top panel is the cluster band.
 MAX_LANES = 64
@@ -61,10 +61,13 @@ _LOST_COLOURS = {
 }
 
 
-class _Timeline:
-    """What the plot needs, gathered in one pass over the events."""
+class Timeline:
+    """What the plot needs, gathered in one pass over the events: an event sink (the
+    simulator streams its log through it, ``elastic sim --plot``) or built from an
+    iterable of events.  It keeps the lanes, faults, node state changes and progress
+    points it draws, not the events."""
 
-    def __init__(self, events: Iterable[AgentEvent]) -> None:
+    def __init__(self, events: Iterable[AgentEvent] = ()) -> None:
         self.lanes: dict[Any, list[tuple[float, float, int]]] = {}  # node -> (t0, t1, round)
         self.faults: list[tuple[float, Any, str]] = []  # (t, target, kind)
         self.changes: list[tuple[float, Any, int]] = []  # (t, node, state)
@@ -73,42 +76,55 @@ class _Timeline:
         self.end = 0.0
         self.has_progress = False
         self.losses = LostTime(keep_spans=True)  # the lost-time bands (sim/losses.py)
-        round_of: dict[Any, int] = {}
-        open_: dict[Any, tuple[float, int]] = {}
+        self._round_of: dict[Any, int] = {}
+        self._open: dict[Any, tuple[float, int]] = {}
+        self._closed = False
+        self.nodes: list[Any] = []  # every node drawn, in order (set by close)
         for e in events:
-            self.losses.see(e)
-            self.end = max(self.end, e.t)
-            k, f = e.kind, e.fields
-            if k == kinds.RENDEZVOUS:
-                round_of[e.node] = int(f.get("round", 0))
-            elif k == kinds.AGENT_START:
-                self.changes.append((e.t, e.node, _BETWEEN))
-            elif k == kinds.AGENT_GROUP_STARTED:
-                open_[e.node] = (e.t, round_of.get(e.node, int(f.get("attempt", 0))))
-                self.changes.append((e.t, e.node, _RUNNING))
-            elif k in (kinds.AGENT_GROUP_STOPPED, kinds.AGENT_FINISH, kinds.AGENT_REFUSED_START):
-                self._close(open_, e.node, e.t)
-                out = k != kinds.AGENT_GROUP_STOPPED
-                self.changes.append((e.t, e.node, _DOWN if out else _BETWEEN))
-            elif k == "sim.fault" and f.get("applied", True):
-                # a fault that found nothing to hit (its node already down) is not drawn
-                target = f.get("target")
-                kind = str(f.get("fault", "fault"))
-                self.faults.append((e.t, target, kind))
-                if kind in _DOWN_FAULTS and target is not None:
-                    self._close(open_, target, e.t)
-                    self.changes.append((e.t, target, _DOWN))
-            elif k == "sim.world_running":
-                self.has_progress = True
-                self.progress_t.append(e.t)
-                self.progress_step.append(float(f.get("from_step", 0)))
-            elif k == "sim.progress":
-                self.has_progress = True
-                # reached this step, then falls back to the last checkpoint
-                self.progress_t += [e.t, e.t]
-                self.progress_step += [float(f.get("steps", 0)), float(f.get("ckpt_step", 0))]
-        for node, (t0, rnd) in open_.items():
+            self.emit(e)
+
+    def emit(self, e: AgentEvent) -> None:
+        self.losses.see(e)
+        self.end = max(self.end, e.t)
+        k, f = e.kind, e.fields
+        open_ = self._open
+        if k == kinds.RENDEZVOUS:
+            self._round_of[e.node] = int(f.get("round", 0))
+        elif k == kinds.AGENT_START:
+            self.changes.append((e.t, e.node, _BETWEEN))
+        elif k == kinds.AGENT_GROUP_STARTED:
+            open_[e.node] = (e.t, self._round_of.get(e.node, int(f.get("attempt", 0))))
+            self.changes.append((e.t, e.node, _RUNNING))
+        elif k in (kinds.AGENT_GROUP_STOPPED, kinds.AGENT_FINISH, kinds.AGENT_REFUSED_START):
+            self._close(open_, e.node, e.t)
+            out = k != kinds.AGENT_GROUP_STOPPED
+            self.changes.append((e.t, e.node, _DOWN if out else _BETWEEN))
+        elif k == "sim.fault" and f.get("applied", True):
+            # a fault that found nothing to hit (its node already down) is not drawn
+            target = f.get("target")
+            kind = str(f.get("fault", "fault"))
+            self.faults.append((e.t, target, kind))
+            if kind in _DOWN_FAULTS and target is not None:
+                self._close(open_, target, e.t)
+                self.changes.append((e.t, target, _DOWN))
+        elif k == "sim.world_running":
+            self.has_progress = True
+            self.progress_t.append(e.t)
+            self.progress_step.append(float(f.get("from_step", 0)))
+        elif k == "sim.progress":
+            self.has_progress = True
+            # reached this step, then falls back to the last checkpoint
+            self.progress_t += [e.t, e.t]
+            self.progress_step += [float(f.get("steps", 0)), float(f.get("ckpt_step", 0))]
+
+    def close(self) -> None:
+        """The log ended: lanes still open run to its last event."""
+        if self._closed:
+            return
+        self._closed = True
+        for node, (t0, rnd) in self._open.items():
             self.lanes.setdefault(node, []).append((t0, self.end, rnd))
+        self._open = {}
         self.nodes = sorted({n for _, n, _ in self.changes}, key=lambda n: (str(type(n)), n))
 
     def _close(self, open_: dict[Any, tuple[float, int]], node: Any, t: float) -> None:
@@ -152,8 +168,9 @@ class _Timeline:
         return times, series
 
 
-def plot_timeline(events: Iterable[AgentEvent], path: str, title: str = "") -> list[str]:
-    """Write the timeline of ``events`` to ``path`` (PNG, SVG or PDF, by extension).
+def plot_timeline(events: Iterable[AgentEvent] | Timeline, path: str, title: str = "") -> list[str]:
+    """Write the timeline of ``events`` (or of a :class:`Timeline` fed the events as they
+    happened) to ``path`` (PNG, SVG or PDF, by extension).
 
     Returns the legends' labels (what each colour and mark means), the top panel's first,
     then the lost-time bands shaded behind the progress line.
@@ -165,7 +182,8 @@ def plot_timeline(events: Iterable[AgentEvent], path: str, title: str = "") -> l
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    tl = _Timeline(events)
+    tl = events if isinstance(events, Timeline) else Timeline(events)
+    tl.close()
     hours = tl.end > 3 * 3600
     scale = 3600.0 if hours else 1.0
     fig, (top, bottom) = plt.subplots(

@@ -35,7 +35,7 @@ from typing import Any
 from elastic.events import AgentEvent, kinds
 from sim.losses import LostTime
 
-__all__ = ["REPORT_KEYS", "build_report"]
+__all__ = ["REPORT_KEYS", "ReportSink", "build_report"]
 
 REPORT_KEYS = (
     "name",
@@ -168,118 +168,134 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
     time, but ``run_time_s`` (first to last event, on the agents' clock),
     ``world_sizes`` (each new group's world size, in order) and ``nodes``.
     """
-    simulated = False
-    # a real run's log has no sim.* events: a worker failure, a membership change or an
-    # unhealthy verdict breaks the group, and the next group start ends the recovery;
-    # both are followed until the log says which it is
-    sim_rec = _Recoveries(frozenset({"sim.world_broken"}), "sim.world_running")
-    real_rec = _Recoveries(_REAL_BREAKS, kinds.AGENT_GROUP_STARTED)
-    t0: float | None = None
-    last_t = 0.0
-    count = 0
-    start: dict[str, Any] = {}
-    end: dict[str, Any] = {}
-    end_t = 0.0
-    finish_states: list[str] = []
-    finished_nodes: set[Any] = set()
-    nodes: set[Any] = set()
-    restarts_by_agent: dict[tuple[Any, int], int] = {}
-    membership_by_agent: dict[tuple[Any, int], int] = {}
-    incarnation: dict[Any, int] = {}
-    rounds: set[int] = set()
-    world_size = 0
-    world_sizes: list[int] = []
-    hangs = 0
-    causes = _Causes()
-    losses = LostTime()
-    faults: dict[str, int] = {}
+    report = ReportSink()
     for e in events:
-        count += 1
-        causes.see(e)
-        losses.see(e)
-        if e.kind == "sim.fault" and e.fields.get("applied", True):
-            kind = str(e.fields.get("fault", "fault"))
-            faults[kind] = faults.get(kind, 0) + 1
-        if t0 is None:
-            t0 = e.t
-        last_t = max(last_t, e.t) if count > 1 else e.t
+        report.emit(e)
+    return report.result()
+
+
+class ReportSink:
+    """:func:`build_report` as an event sink: fed each event as it happens (the simulator
+    streams its log through it), it holds only what the report needs — counters, the
+    recovery in progress, one entry per node and per round — never the events."""
+
+    def __init__(self) -> None:
+        self.simulated = False
+        # a real run's log has no sim.* events: a worker failure, a membership change or an
+        # unhealthy verdict breaks the group, and the next group start ends the recovery;
+        # both are followed until the log says which it is
+        self.sim_rec = _Recoveries(frozenset({"sim.world_broken"}), "sim.world_running")
+        self.real_rec = _Recoveries(_REAL_BREAKS, kinds.AGENT_GROUP_STARTED)
+        self.t0: float | None = None
+        self.last_t = 0.0
+        self.count = 0
+        self.start: dict[str, Any] = {}
+        self.end: dict[str, Any] = {}
+        self.end_t = 0.0
+        self.finish_states: set[str] = set()
+        self.finished_nodes: set[Any] = set()
+        self.nodes: set[Any] = set()
+        self.restarts_by_agent: dict[tuple[Any, int], int] = {}
+        self.membership_by_agent: dict[tuple[Any, int], int] = {}
+        self.incarnation: dict[Any, int] = {}
+        self.rounds: set[int] = set()
+        self.world_size = 0
+        self.world_sizes: list[int] = []
+        self.hangs = 0
+        self.causes = _Causes()
+        self.losses = LostTime()
+        self.faults: dict[str, int] = {}
+
+    def emit(self, e: AgentEvent) -> None:
+        self.count += 1
+        self.causes.see(e)
+        self.losses.see(e)
         k = e.kind
-        nodes.add(e.node)
+        if k == "sim.fault" and e.fields.get("applied", True):
+            kind = str(e.fields.get("fault", "fault"))
+            self.faults[kind] = self.faults.get(kind, 0) + 1
+        if self.t0 is None:
+            self.t0 = e.t
+        self.last_t = max(self.last_t, e.t) if self.count > 1 else e.t
+        self.nodes.add(e.node)
         if k == "sim.start":
-            simulated = True
-            start = dict(e.fields)
+            self.simulated = True
+            self.start = dict(e.fields)
         elif k == "sim.end":
-            end = dict(e.fields)
-            end_t = e.t
+            self.end = dict(e.fields)
+            self.end_t = e.t
         elif k == kinds.AGENT_START:
-            incarnation[e.node] = incarnation.get(e.node, 0) + 1
+            self.incarnation[e.node] = self.incarnation.get(e.node, 0) + 1
         elif k == kinds.AGENT_FINISH:
-            finish_states.append(str(e.fields.get("state")))
-            finished_nodes.add(e.node)
-            key = (e.node, incarnation.get(e.node, 0))
-            restarts_by_agent[key] = int(e.fields.get("restarts", 0))
+            self.finish_states.add(str(e.fields.get("state")))
+            self.finished_nodes.add(e.node)
+            key = (e.node, self.incarnation.get(e.node, 0))
+            self.restarts_by_agent[key] = int(e.fields.get("restarts", 0))
         elif k == kinds.AGENT_RESTART and e.fields.get("reason") == kinds.RESTART_MEMBERSHIP:
-            key = (e.node, incarnation.get(e.node, 0))
-            membership_by_agent[key] = membership_by_agent.get(key, 0) + 1
+            key = (e.node, self.incarnation.get(e.node, 0))
+            self.membership_by_agent[key] = self.membership_by_agent.get(key, 0) + 1
         elif k == kinds.RENDEZVOUS:
-            rounds.add(int(e.fields.get("round", 0)))
+            self.rounds.add(int(e.fields.get("round", 0)))
         elif k == kinds.AGENT_GROUP_STARTED:
-            world_size = int(e.fields.get("world_size", world_size))
-            if not world_sizes or world_sizes[-1] != world_size:
-                world_sizes.append(world_size)
+            self.world_size = int(e.fields.get("world_size", self.world_size))
+            if not self.world_sizes or self.world_sizes[-1] != self.world_size:
+                self.world_sizes.append(self.world_size)
         elif k in (kinds.AGENT_UNHEALTHY, "watchdog.kill_worker_process"):
-            hangs += 1
-        sim_rec.see(k, e.t)
-        real_rec.see(k, e.t)
-    if t0 is None:
-        t0 = 0.0
-    if not end_t:
-        end_t = last_t
-    if end.get("reason") == "until":
-        state = "TIMEOUT"
-    elif "SUCCEEDED" in finish_states:
-        state = "SUCCEEDED"
-    elif "UNHEALTHY" in finish_states and "FAILED" not in finish_states:
-        state = "UNHEALTHY"
-    elif not finish_states and not simulated:
-        state = "UNFINISHED"  # a real log cut short: no agent said how it ended
-    else:
-        # failed, or every node crashed or left before the job finished
-        state = "FAILED"
-    end_t -= t0
-    recovery = [round(r, 6) for r in (sim_rec if simulated else real_rec).times]
-    common: dict[str, Any] = {
-        "state": state,
-        "restarts": max(restarts_by_agent.values(), default=0),
-        "membership_restarts": max(membership_by_agent.values(), default=0),
-        "rendezvous_rounds": len(rounds),
-        "world_size": world_size,
-        "events": count,
-        "recovery_s": recovery,
-        "recovery_s_max": max(recovery, default=0.0),
-        "recovery_count": len(recovery),
-        "hangs_detected": hangs,
-        "why": causes.result(state, end, start),
-    }
-    if not simulated:
-        return {
-            **common,
-            "world_sizes": world_sizes,
-            "run_time_s": round(end_t, 6),
-            "nodes": len(nodes),
+            self.hangs += 1
+        self.sim_rec.see(k, e.t)
+        self.real_rec.see(k, e.t)
+
+    def result(self) -> dict[str, Any]:
+        """The report of the events seen so far."""
+        t0 = self.t0 if self.t0 is not None else 0.0
+        end_t = self.end_t or self.last_t
+        end, start, finish_states = self.end, self.start, self.finish_states
+        simulated = self.simulated
+        if end.get("reason") == "until":
+            state = "TIMEOUT"
+        elif "SUCCEEDED" in finish_states:
+            state = "SUCCEEDED"
+        elif "UNHEALTHY" in finish_states and "FAILED" not in finish_states:
+            state = "UNHEALTHY"
+        elif not finish_states and not simulated:
+            state = "UNFINISHED"  # a real log cut short: no agent said how it ended
+        else:
+            # failed, or every node crashed or left before the job finished
+            state = "FAILED"
+        end_t -= t0
+        recovery = [round(r, 6) for r in (self.sim_rec if simulated else self.real_rec).times]
+        common: dict[str, Any] = {
+            "state": state,
+            "restarts": max(self.restarts_by_agent.values(), default=0),
+            "membership_restarts": max(self.membership_by_agent.values(), default=0),
+            "rendezvous_rounds": len(self.rounds),
+            "world_size": self.world_size,
+            "events": self.count,
+            "recovery_s": recovery,
+            "recovery_s_max": max(recovery, default=0.0),
+            "recovery_count": len(recovery),
+            "hangs_detected": self.hangs,
+            "why": self.causes.result(state, end, start),
         }
-    step_time = float(start.get("step_time", 0.0))
-    steps_done = int(end.get("steps_done", 0))
-    goodput = steps_done * step_time / end_t if end_t > 0 else 0.0
-    return {
-        "name": start.get("name", ""),
-        **common,
-        "steps_done": steps_done,
-        "sim_time_s": round(end_t, 6),
-        "goodput": round(goodput, 6),
-        "final_nodes": int(end.get("final_nodes", len(finished_nodes))),
-        "faults": dict(sorted(faults.items())),
-        "seed": start.get("seed", 0),
-        # where the time went, and ETTR beside goodput (sim/losses.py)
-        **losses.result(end_t + t0),
-    }
+        if not simulated:
+            return {
+                **common,
+                "world_sizes": self.world_sizes,
+                "run_time_s": round(end_t, 6),
+                "nodes": len(self.nodes),
+            }
+        step_time = float(start.get("step_time", 0.0))
+        steps_done = int(end.get("steps_done", 0))
+        goodput = steps_done * step_time / end_t if end_t > 0 else 0.0
+        return {
+            "name": start.get("name", ""),
+            **common,
+            "steps_done": steps_done,
+            "sim_time_s": round(end_t, 6),
+            "goodput": round(goodput, 6),
+            "final_nodes": int(end.get("final_nodes", len(self.finished_nodes))),
+            "faults": dict(sorted(self.faults.items())),
+            "seed": start.get("seed", 0),
+            # where the time went, and ETTR beside goodput (sim/losses.py)
+            **self.losses.result(end_t + t0),
+        }

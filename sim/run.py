@@ -15,14 +15,14 @@ from typing import Any
 
 from simpy.events import AnyOf
 
-from elastic.events import AgentEvent, ListSink
+from elastic.events import AgentEvent, EventSink, ListSink
 from elastic.rendezvous import get_rendezvous_handler
 from elastic.rendezvous.api import RendezvousContext, RendezvousHandler, RendezvousParameters
 from sim.calibration import Calibration, ModelLatencies
 from sim.clock import SimClock
 from sim.gcpause import quiet_gc
 from sim.inject import apply_fault
-from sim.report import build_report
+from sim.report import ReportSink
 from sim.scenario.expand import expand_faults, fault_rng
 from sim.scenario.model import Fault, RendezvousBackendName, Scenario
 from sim.store import SimStoreHost
@@ -36,11 +36,25 @@ MASTER_PORT = 29500
 
 @dataclass(frozen=True, slots=True)
 class SimResult:
-    """The outcome of one run: the report (a JSON-able dict) and the event log."""
+    """The outcome of one run: the report (a JSON-able dict), the faults it drew, the
+    errors no task observed (``sim.end``'s ``unobserved_errors``) and, when asked for
+    (``simulate(..., keep_events=True)``), the event log."""
 
     report: dict[str, Any]
-    events: list[AgentEvent]
+    kept_events: list[AgentEvent] | None
     faults: list[Fault]
+    unobserved_errors: list[str]
+
+    @property
+    def events(self) -> list[AgentEvent]:
+        """The event log; only a run asked to keep it has it (a 54-day run's log would
+        not fit in memory: stream it to a sink instead)."""
+        if self.kept_events is None:
+            raise ValueError(
+                "this run did not keep its event log: pass keep_events=True to simulate "
+                "(or sink= to receive each event as it happens)"
+            )
+        return self.kept_events
 
 
 def _handler_factory(sc: Scenario) -> Any:
@@ -110,8 +124,16 @@ def simulate(
     progress: Callable[[float, float], None] | None = None,
     calibration: Calibration | None = None,
     time_scale: float = 1.0,
+    *,
+    sink: EventSink | None = None,
+    keep_events: bool = False,
 ) -> SimResult:
-    """Run ``sc`` (with ``seed`` overriding the file's) and return its report and events.
+    """Run ``sc`` (with ``seed`` overriding the file's) and return its report.
+
+    The event log is streamed, never held: each event goes, as it happens, to the report
+    (:class:`sim.report.ReportSink`, which keeps only what the report needs) and to
+    ``sink`` (a file, a hash, the plot's timeline...).  ``keep_events=True`` also keeps
+    the whole log in :attr:`SimResult.events` (tests; memory grows with the run).
 
     ``progress(now, until)`` is called every ``until / PROGRESS_TICKS`` simulated
     seconds (for a progress bar).  The ticks are the clock's observer events
@@ -131,7 +153,14 @@ def simulate(
         sc = calibration.apply_store(sc, time_scale)
     faults = expand_faults(sc, fault_rng(sc.seed))
     clock = SimClock()
-    sink = ListSink()
+    report_sink = ReportSink()
+    kept = ListSink() if keep_events else None
+    sinks: list[EventSink] = [report_sink]
+    if sink is not None:
+        sinks.append(sink)
+    if kept is not None:
+        sinks.append(kept)
+    events = _RunSinks(sinks)
     job = sc.job
     # the job as this run meets it: its start-up net of what a preload saves, plus this
     # machine's extra start-up
@@ -140,7 +169,7 @@ def simulate(
         startup_time=job.startup_time - (job.preload_saves or 0.0) + lat.extra_startup,
         preload_saves=None,
     )
-    training = Training(clock, model, sink, stop_time=lat.stop_time, exit_notice=lat.exit_notice)
+    training = Training(clock, model, events, stop_time=lat.stop_time, exit_notice=lat.exit_notice)
     host = SimStoreHost(clock, latency=sc.store.latency)
     initial = sc.cluster.nodes + sc.cluster.spare_nodes
     from sim.hangs import health_watches_factory
@@ -149,14 +178,14 @@ def simulate(
         clock,
         host,
         training,
-        sink,
+        events,
         nproc_per_node=sc.cluster.nproc_per_node,
         max_restarts=sc.agent.max_restarts,
         monitor_interval=sc.agent.monitor_interval,
         exit_barrier_timeout=sc.agent.exit_barrier_timeout,
         shutdown_timeout=sc.agent.shutdown_timeout,
         handler_factory=_handler_factory(sc),
-        health_watches=health_watches_factory(sc, training, clock, sink),
+        health_watches=health_watches_factory(sc, training, clock, events),
     )
     cluster.emit("sim.start", **start_fields(sc))
     for _ in range(initial):
@@ -171,19 +200,40 @@ def simulate(
     with quiet_gc():  # the collector took half the CPU at 2,048 nodes (sim/gcpause.py)
         clock.env.run(until=AnyOf(clock.env, [clock.event_of(cluster.finished), deadline]))
     reason = "done" if cluster.finished.is_set() else "until"
+    unobserved = [f"{n}: {type(e).__name__}: {e}" for n, e in clock.unobserved]
     cluster.emit(
         "sim.end",
         reason=reason,
         final_nodes=sum(1 for n in cluster.nodes.values() if n.alive),
         steps_done=training.model.steps if training.done else training.ckpt_step,
         best_step=training.best_step,
-        unobserved_errors=[f"{n}: {type(e).__name__}: {e}" for n, e in clock.unobserved],
+        unobserved_errors=unobserved,
     )
+    # the log ends here: the agents' coroutines still suspended are closed whenever the
+    # garbage collector frees them (their ``finally`` stops groups and emits), during a
+    # later run of the same process; what they say must not reach this run's sinks
+    events.close()
     sim_events = clock.events()  # the progress ticks' events are not the run's
-    report = build_report(sink.events)
+    report = report_sink.result()
     report["sim_events"] = sim_events
     report["wall_s"] = round(time.perf_counter() - wall0, 3)
-    return SimResult(report, list(sink.events), faults)
+    return SimResult(report, kept.events if kept is not None else None, faults, unobserved)
+
+
+class _RunSinks:
+    """One run's sinks, fed every event until :meth:`close` (the run's ``sim.end``)."""
+
+    __slots__ = ("_sinks",)
+
+    def __init__(self, sinks: list[EventSink]) -> None:
+        self._sinks: tuple[EventSink, ...] = tuple(sinks)
+
+    def emit(self, event: AgentEvent) -> None:
+        for s in self._sinks:
+            s.emit(event)
+
+    def close(self) -> None:
+        self._sinks = ()
 
 
 async def _drive_faults(c: SimCluster, faults: list[Fault]) -> None:

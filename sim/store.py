@@ -64,12 +64,11 @@ class SimStoreHost:
         self.latency = latency
         self.store = MemoryStore(clock)
         self._down_until: OneShot | None = None
-        self.clients: dict[Any, SimStoreClient] = {}
 
     def client(self, node: Any) -> SimStoreClient:
-        c = SimStoreClient(self, node)
-        self.clients[node] = c
-        return c
+        # not kept here: a registry of every (node, incarnation) ever booted, which nothing
+        # read, grew with every node restart of a long run
+        return SimStoreClient(self, node)
 
     @property
     def down(self) -> bool:

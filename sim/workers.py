@@ -182,7 +182,7 @@ class World:
                 if self._gen != gen or self.state is not WorldState.FORMING:
                     return
                 self.state = WorldState.BROKEN
-                self._fail_members(list(self.members.values()), "collective_init_timeout")
+                self._fail_members(self._retire(), "collective_init_timeout")
             else:
                 self._fail_members(workers, "collective_timeout")
 
@@ -257,7 +257,7 @@ class World:
         t.done = True
         t.emit("sim.progress", round=self.round, steps=t.model.steps, ckpt_step=t.model.steps)
         t.emit("sim.world_done", round=self.round)
-        for m in sorted(self.members.values(), key=lambda m: m.global_rank):
+        for m in sorted(self._retire(), key=lambda m: m.global_rank):
             if m.alive:
                 m.group._exit(m, 0, ExitCause.EXITED)
 
@@ -281,10 +281,20 @@ class World:
             self.training.emit("sim.world_broken", round=self.round, cause=cause)
             survivors = [
                 m
-                for m in self.members.values()
+                for m in self._retire()
                 if m.alive and m is not culprit and m.state is not WState.HUNG
             ]
             self._arm_timeout_for(survivors)
+
+    def _retire(self) -> list[SimWorker]:
+        """The members of a world that stopped (broken or done), forgotten by it.
+
+        Nothing reads a stopped world's members again (a late joiner only arms its own
+        timeout), and they hold their groups and every exit: kept, every past round's
+        workers stayed in memory (25 MB a round at 2,048 nodes)."""
+        members = list(self.members.values())
+        self.members = {}
+        return members
 
     def _fail_members(self, workers: list[SimWorker], why: str) -> None:
         for m in sorted(workers, key=lambda m: m.global_rank):

@@ -66,7 +66,9 @@ def test_simulated_agents_report_on_simulated_time_each_to_its_own_metrics(
     global_before = dict(metrics_api.last_values)
     # three nodes; node 2 crashes at t=100 before it measured anything; 0 and 1 see the
     # membership change (each at its own moment), re-form and succeed
-    res = simulate(load_scenario(ROOT / "scenarios" / "multinode_kill_one_of_three.yaml"))
+    res = simulate(
+        load_scenario(ROOT / "scenarios" / "multinode_kill_one_of_three.yaml"), keep_events=True
+    )
     by_node = {a._node: rec for a, rec in zip(agents, handlers, strict=True)}
     assert sorted(by_node) == [0, 1, 2] and by_node[2].data == []
     for node in (0, 1):

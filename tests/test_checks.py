@@ -63,7 +63,7 @@ def test_a_real_run_passes_every_checker() -> None:
         "name: x\ncluster: {nodes: 3, nproc_per_node: 2}\njob: {steps: 200, step_time: 1s}\n"
         "faults:\n  - {at: 50s, kind: worker_crash, node: 1, local_rank: 1}\n"
     )
-    events = simulate(sc).events
+    events = simulate(sc, keep_events=True).events
     for check in (
         one_world_per_round,
         ranks_contiguous,

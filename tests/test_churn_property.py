@@ -79,7 +79,7 @@ def test_any_churn_keeps_every_invariant(faults: list[str], min_nodes: int, spar
         sorted(faults, key=lambda f: int(f.split("at: ")[1].split("s")[0])), min_nodes, spares
     )
     sc = load_scenario_text(text)
-    result = simulate(sc)
+    result = simulate(sc, keep_events=True)
     violations = check_all(result.events)
     assert violations == [], text + "\n" + "\n".join(violations)
     assert result.report["state"] in {"SUCCEEDED", "FAILED", "TIMEOUT"}

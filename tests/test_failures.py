@@ -197,7 +197,7 @@ failures:
       - {name: bug, kind: worker_crash}
 """
     )
-    result = simulate(sc)
+    result = simulate(sc, keep_events=True)
     faults = [e for e in result.events if e.kind == "sim.fault"]
     assert faults, "the failure rate should draw a few faults in the run"
     assert {e.fields["category"] for e in faults} <= {"gpu", "bug"}

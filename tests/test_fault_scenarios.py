@@ -18,7 +18,7 @@ SCENARIOS = ROOT / "scenarios"
 
 
 def _events(name: str) -> list[AgentEvent]:
-    return simulate(load_scenario(SCENARIOS / f"{name}.yaml")).events
+    return simulate(load_scenario(SCENARIOS / f"{name}.yaml"), keep_events=True).events
 
 
 def _agent_events(evs: list[AgentEvent], nodes: set[int], lo: float, hi: float) -> list[str]:

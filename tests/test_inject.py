@@ -42,7 +42,7 @@ def _run(faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "faults": faults,
         }
     )
-    events = simulate(load_scenario_text(text)).events
+    events = simulate(load_scenario_text(text), keep_events=True).events
     return [e.fields for e in events if e.kind == "sim.fault"]
 
 

@@ -86,7 +86,7 @@ def test_a_crashed_node_is_detected_by_its_lease_and_waited_for() -> None:
 
 
 def test_the_report_reads_the_log_as_a_stream() -> None:
-    events = simulate(load_scenario_text(ONE_CRASH)).events
+    events = simulate(load_scenario_text(ONE_CRASH), keep_events=True).events
     seen = 0
 
     def once() -> Iterator[AgentEvent]:
@@ -138,7 +138,7 @@ def test_the_timeline_shades_the_lost_time_bands_with_a_legend(tmp_path: Path) -
     pytest.importorskip("matplotlib")
     from sim.plot import plot_timeline
 
-    events = simulate(load_scenario_text(ONE_CRASH)).events
+    events = simulate(load_scenario_text(ONE_CRASH), keep_events=True).events
     labels = plot_timeline(events, str(tmp_path / "t.png"))
     assert "lost: rework" in labels and "lost: startup" in labels
     assert (tmp_path / "t.png").stat().st_size > 1000

@@ -19,7 +19,9 @@ pytest.importorskip("matplotlib")
 def test_small_cluster_lanes_have_a_legend_entry_for_every_colour_and_fault(tmp_path: Path) -> None:
     from sim.plot import plot_timeline
 
-    result = simulate(load_scenario(ROOT / "scenarios" / "node_crash_comes_back.yaml"))
+    result = simulate(
+        load_scenario(ROOT / "scenarios" / "node_crash_comes_back.yaml"), keep_events=True
+    )
     out = tmp_path / "t.svg"
     labels = plot_timeline(result.events, str(out), "t")
     assert out.read_bytes().lstrip().startswith(b"<?xml")
@@ -35,7 +37,9 @@ def test_small_cluster_lanes_have_a_legend_entry_for_every_colour_and_fault(tmp_
 def test_the_512_node_plot_is_a_band_drawn_in_10_s_and_300_mb(tmp_path: Path) -> None:
     from sim.plot import plot_timeline
 
-    result = simulate(load_scenario(ROOT / "scenarios" / "large_gpu_failures_every_3h.yaml"))
+    result = simulate(
+        load_scenario(ROOT / "scenarios" / "large_gpu_failures_every_3h.yaml"), keep_events=True
+    )
     tracemalloc.start()
     t0 = time.perf_counter()
     labels = plot_timeline(result.events, str(tmp_path / "large.png"), "512")

@@ -60,7 +60,7 @@ def test_there_are_scenarios_for_each_required_behaviour() -> None:
 def test_scenario_meets_its_expectations_and_invariants(path: Path) -> None:
     sc = load_scenario(path)
     assert list(sc.expect.items()), f"{path.name} expects nothing"
-    result = simulate(sc)
+    result = simulate(sc, keep_events=True)
     assert check(sc.expect, result.report) == []
     assert check_all(result.events) == []
 

@@ -1,0 +1,139 @@
+"""The simulator's memory does not grow with simulated time (issue 16, item 1).
+
+The event log is streamed to its sinks, never held unless asked for; a stopped world
+forgets its workers; the rendezvous drops a past round's keys from the store (main's
+7ed3759/7f67da0; pinned here over a long simulated run).  A long run
+is sampled twice, early and at the end: what it holds is the same.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+import sim.run
+from elastic.events import FanOutSink, ListSink
+from sim.checks import Checks, check_all
+from sim.report import build_report
+from sim.run import simulate
+from sim.scenario import load_scenario_text
+from sim.store import SimStoreHost
+from sim.workers import SimGroup, SimWorker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# a worker crash every ~20 simulated minutes: a new rendezvous round each time
+CHURN = """name: many rounds
+seed: 3
+until: {hours}h
+cluster: {{nodes: 6, nproc_per_node: 4}}
+job: {{steps: 100000000, step_time: 2s, startup_time: 20s, checkpoint_every: 100,
+      checkpoint_time: 5s}}
+agent: {{max_restarts: 100000}}
+faults:
+  - {{kind: worker_crash, every: 20m}}
+"""
+
+
+class _Hosts(SimStoreHost):
+    made: ClassVar[list[SimStoreHost]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _Hosts.made.append(self)
+
+
+def _live(kind: type) -> int:
+    return sum(1 for o in gc.get_objects() if type(o) is kind)
+
+
+@pytest.mark.timeout(120)
+def test_a_long_run_holds_the_same_workers_groups_and_store_keys_early_and_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _Hosts.made = []
+    monkeypatch.setattr(sim.run, "SimStoreHost", _Hosts)
+    samples: list[tuple[float, int, int, int]] = []
+
+    def sample(now: float, until: float) -> None:
+        if now in (until / 4, until) or abs(now - until / 4) < until / 400:
+            gc.collect()
+            keys = len(_Hosts.made[0].store.keys())
+            samples.append((now, _live(SimWorker), _live(SimGroup), keys))
+
+    sc = load_scenario_text(CHURN.format(hours=48), "churn.yaml")
+    report = simulate(sc, progress=sample).report
+    assert report["rendezvous_rounds"] >= 100, report["rendezvous_rounds"]
+    (_, w_early, g_early, k_early), (_, w_late, g_late, k_late) = samples[0], samples[-1]
+    nodes, nproc = 6, 4
+    # at most the current group and one being replaced per node, whatever the round
+    assert w_late <= 2 * nodes * nproc and g_late <= 2 * nodes, (w_late, g_late)
+    assert w_late <= w_early + nodes * nproc and g_late <= g_early + nodes
+    # the store holds the current rounds' keys, not one set per round ever run
+    assert k_late <= k_early + 4 * nodes, (k_early, k_late)
+
+
+@pytest.mark.timeout(60)
+def test_the_log_is_streamed_to_a_sink_and_kept_only_when_asked() -> None:
+    sc = load_scenario_text(CHURN.format(hours=3), "churn.yaml")
+    plain = simulate(sc)
+    with pytest.raises(ValueError, match="keep_events=True"):
+        plain.events  # noqa: B018  # the property raises
+    sink, checks = ListSink(), Checks()
+    kept = simulate(sc, sink=FanOutSink(sink, checks), keep_events=True)
+    assert [e.to_json() for e in kept.events] == [e.to_json() for e in sink.events]
+    # the invariant checkers fed as the run goes judge as they do over the whole log
+    assert checks.violations() == check_all(kept.events) == []
+    assert len(kept.events) > 100
+    # the report fed as the run goes equals the report of the whole log
+    streamed = {k: v for k, v in plain.report.items() if k not in ("wall_s", "sim_events")}
+    whole = build_report(kept.events)
+    assert streamed == whole
+    assert plain.report["sim_events"] == kept.report["sim_events"]
+
+
+@pytest.mark.timeout(120)
+def test_the_events_file_is_written_as_it_happens_byte_identical_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    text = CHURN.format(hours=3)
+    (tmp_path / "s.yaml").write_text(text)
+    log = tmp_path / "log.jsonl"
+    cmd = [sys.executable, "-m", "elastic.cli", "sim", "s.yaml", "--json", "--check-determinism"]
+    r = subprocess.run(
+        [*cmd, "--events", str(log)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=100,
+    )
+    assert r.returncode == 0, r.stderr
+    events = simulate(load_scenario_text(text, "s.yaml"), keep_events=True).events
+    expected = "".join(e.to_json() + "\n" for e in events).encode()
+    assert log.read_bytes() == expected
+    assert json.loads(r.stdout)["event_log_sha256"] == hashlib.sha256(expected).hexdigest()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl", "s.yaml"]
+
+
+def test_a_past_round_leaves_no_key_in_the_simulated_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    _Hosts.made = []
+    monkeypatch.setattr(sim.run, "SimStoreHost", _Hosts)
+    sc = load_scenario_text(CHURN.format(hours=6), "churn.yaml")
+    report = simulate(sc).report
+    last = int(report["rendezvous_rounds"]) - 1
+    keys = _Hosts.made[0].store.keys()
+    rounds = {
+        int(part[1:])
+        for k in keys
+        for part in k.split("/")
+        if len(part) > 1 and part[0] == "r" and part[1:].isdigit()
+    }
+    rounds |= {int(k.split("/s/")[1].split("/")[0]) for k in keys if "/s/" in k}
+    assert rounds and min(rounds) >= last - 2, (last, sorted(rounds))
