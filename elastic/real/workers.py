@@ -1028,6 +1028,9 @@ def _spawn(
         cgroup_fd = -1 if cgroup is None else GroupCgroup(cgroup).open_procs()
     except OSError as e:
         raise ElasticError(f"cannot start worker {path!r} in the cgroup {cgroup}: {e}") from None
+    # an extension built before cgroup support has no cgroup_fd argument: workers then
+    # start without a cgroup (_agent_cgroup said so), not with a TypeError
+    extra = {"cgroup_fd": cgroup_fd} if cgroup_fd >= 0 else {}
     try:
         return _cspawn.spawn(
             os.fsencode(path),
@@ -1037,7 +1040,7 @@ def _spawn(
             pdeathsig=signal.SIGKILL,
             parent_pid=agent,
             setsid=True,
-            cgroup_fd=cgroup_fd,
+            **extra,
         )
     except OSError as e:
         # only execve's failure names the file; a step before it (joining the cgroup, say)
