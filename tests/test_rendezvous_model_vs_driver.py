@@ -69,8 +69,14 @@ from sim.clock import SimClock
 
 NODES = [f"n{i}" for i in range(6)]
 # Crashes still find divergences (module docstring): True reproduces them in seconds.
-CRASHES = False
+CRASHES = True
 TTL = 15.5
+
+
+def ttl(node: str) -> float:
+    """Each node's lease time-to-live: 15.5 s plus a hundredth per node index, so that
+    leases of nodes that crashed at the same second expire one after the other."""
+    return TTL + NODES.index(node) / 100
 LAST_CALL = 30.25
 JOIN = 1e6  # out of reach: join timeouts are not compared here
 
@@ -84,6 +90,7 @@ class _Agent:
         self.returns: list[tuple[int, int, int]] = []  # (round, rank, world size)
         self.in_call = False
         self.ended: str | None = None
+        self.started_at = clock.now()
         self.task: Task[None] = clock.spawn(self._loop(), name=handler.node_id)
 
     async def _loop(self) -> None:
@@ -118,15 +125,15 @@ class ModelVsDriver(RuleBasedStateMachine):
         self.agents: dict[str, _Agent] = {}  # the live incarnation of each node
         self.dying: dict[str, float] = {}  # crashed node -> when its lease expires
         self.completed: dict[int, tuple[str, ...]] = {}
-        self.crashed_at: dict[str, float] = {}  # last crash of each node
+        self.completed_at: dict[int, float] = {}
         self.rank0_dead: set[int] = set()  # rounds whose rank 0 was dead when completed
         self.now = 0.0
         self.closed_statuses: dict[str, NodeStatus] | None = None
 
-    # max_nodes >= every node: the redundancy list is out of scope (module docstring)
-    @initialize(lo=st.integers(1, 3), extra=st.integers(0, 3))
+    # max_nodes from min_nodes to more than the nodes: rounds fill up, spares wait
+    @initialize(lo=st.integers(1, 3), extra=st.integers(0, 6))
     def setup(self, lo: int, extra: int) -> None:
-        hi = len(NODES) + extra
+        hi = lo + extra
         self.model = Rendezvous(CoreSettings(lo, hi, LAST_CALL, JOIN))
         self.settings = RendezvousSettings("job", lo, hi, RendezvousTimeout(JOIN, LAST_CALL, 30.0))
 
@@ -153,6 +160,7 @@ class ModelVsDriver(RuleBasedStateMachine):
             if a.kind is ActionKind.COMPLETED:
                 assert a.round not in self.completed, f"model completed round {a.round} twice"
                 self.completed[a.round] = a.members
+                self.completed_at[a.round] = self.now
                 if a.members[0] in self.dying:
                     self.rank0_dead.add(a.round)
             waiting = waiting or a.kind is ActionKind.WAITING
@@ -169,7 +177,8 @@ class ModelVsDriver(RuleBasedStateMachine):
     def _advance_to(self, t: float) -> None:
         while True:
             times = [(at, 1, n) for n, at in self.dying.items() if at <= t]
-            if self.m.deadline is not None and self.m.deadline <= t:
+            # (a deadline already reached stays set while no live joiner can complete)
+            if self.m.deadline is not None and self.now < self.m.deadline <= t:
                 times.append((self.m.deadline, 0, ""))
             if not times:
                 break
@@ -201,7 +210,7 @@ class ModelVsDriver(RuleBasedStateMachine):
         node = data.draw(st.sampled_from(idle), label="start")
         assert self.settings is not None
         h = DynamicRendezvousHandler(
-            node, f"host-{node}", self.settings, "c10d", self.store, self.clock, lease_ttl=TTL
+            node, f"host-{node}", self.settings, "c10d", self.store, self.clock, lease_ttl=ttl(node)
         )
         self.agents[node] = _Agent(self.clock, h)
         self._record(self.m.join(node, self.now))
@@ -227,8 +236,7 @@ class ModelVsDriver(RuleBasedStateMachine):
     @precondition(lambda self: CRASHES and self.closed_statuses is None)
     @rule(data=st.data())
     def crash(self, data: st.DataObject) -> None:
-        # not a joiner of an open round: see the module docstring (scope)
-        live = [n for n in self._live() if self.m.status(n) is not NodeStatus.JOINED]
+        live = self._live()
         if not live:
             return
         node = data.draw(st.sampled_from(live), label="crash")
@@ -237,8 +245,7 @@ class ModelVsDriver(RuleBasedStateMachine):
         if lease is not None:
             lease.abandon()
         agent.task.cancel()
-        self.dying[node] = self.now + TTL
-        self.crashed_at[node] = self.now
+        self.dying[node] = self.now + ttl(node)
         self._record(self.m.crash(node, self.now))
         self._run()
 
@@ -280,10 +287,10 @@ class ModelVsDriver(RuleBasedStateMachine):
                 agent = self.agents.get(node)
                 if agent is None or node in self.dying:
                     continue
-                if self.crashed_at.get(node, -1.0) >= 0 and not agent.returns:
+                if agent.started_at > self.completed_at[r]:
                     continue  # a later incarnation: it never was in round r
                 rounds = [x[0] for x in agent.returns]
-                if rounds and max(rounds) < r:
+                if not rounds or max(rounds) < r:
                     raise AssertionError(
                         f"model completed round {r} with {members}; driver's {node} "
                         f"returned only {rounds} (t={self.now:g})"

@@ -73,7 +73,6 @@ from elastic.rendezvous._core import (
     NodeStatus,
     arrival_role,
     choose_members,
-    first_attempt_at,
 )
 from elastic.rendezvous.api import (
     RendezvousClosedError,
@@ -282,6 +281,14 @@ class _Members(tuple[str, ...]):
 
     def __contains__(self, node: object) -> bool:
         return node in self.rank
+
+
+def _index(raw: bytes) -> int:
+    """A joiner's arrival index (its ``m/`` value); unreadable counts as first."""
+    try:
+        return int(raw)
+    except ValueError:
+        return 0
 
 
 @functools.lru_cache(maxsize=32)
@@ -556,14 +563,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return e
 
     async def _watch_round(self, r: int, members: _Members, *, waiting_ends: bool) -> str:
-        i = members.rank[self._node]
-        succ = members[(i + 1) % len(members)] if len(members) > 1 else None
         ev = self._rk(r, "ev/")
         while True:
             # Take the revision first: any change after it wakes the watch below.
             rev, events = await self._store.snapshot(ev)
             waiting = waiting_ends and any(k.startswith(ev + "w/") for k in events)
-            lost = ev + "lost" in events
+            lost = await self._lost_member(members) is not None
             _, st = await self._read_state()
             if st.closed:
                 return "closed"
@@ -573,10 +578,25 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 return "nodes_waiting"
             if lost:
                 return "peer_lost"
-            if succ is not None and await self._store.try_get(self._k("alive", succ)) is None:
-                await self._store.set(ev + "lost", succ.encode())
-                return "peer_lost"
             await self._store.watch(self._c, rev)
+
+    async def _lost_member(self, members: tuple[str, ...]) -> str | None:
+        """A member of the round whose lease expired (its ``alive`` key is gone), if any.
+
+        Every node that waits on a complete round checks *every* member, not a ring
+        successor: a ring breaks when a member's watcher is itself dead (crashed, its
+        lease not yet expired), and then the round would outlive the first expiry by up
+        to a lease.  The rule (``_core``: a member's expiry ends the round) needs every
+        expiry seen by every live node.  Performance: one snapshot of the ``alive/``
+        prefix per wake-up — the same number of store operations as the ring check's one
+        ``try_get`` (simulated timing unchanged), O(N) bytes instead of O(1).
+        """
+        _, alive = await self._store.snapshot(self._k("alive/"))
+        base = self._k("alive/")
+        for m in members:
+            if base + m not in alive:
+                return m
+        return None
 
     async def is_closed_async(self) -> bool:
         _, st = await self._read_state()
@@ -680,12 +700,42 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return (self._decode_result(r - 1, raw) or ()) if raw is not None else ()
 
     async def _join_open_round(self, r: int, deadline: float) -> _Members | None:
-        """Join open round ``r``; decide it if it falls to us; return its members."""
-        clock, store = self._clock, self._store
+        """Join open round ``r``; decide it when the rules say so; return its members.
+
+        The last call is the round's, as torch's ``state.deadline``: the joiner that sees
+        ``min_nodes`` live joiners and no last call running arms one — the ``lc`` key on
+        a lease of ``last_call_timeout`` that nobody renews, so the store ends it at one
+        instant for everyone (no clocks compared across nodes).  The armer decides at its
+        own deadline; every joiner that saw the key vanish decides too (first writer
+        wins), so the round completes at its deadline whoever died.  At ``max_nodes`` the
+        joiner decides at once.  Below ``min_nodes`` at the deadline, the last call is
+        cleared; the joiner that brings the round back to ``min_nodes`` arms a new one.
+        """
+        clock, store, core = self._clock, self._store, self._core
         mprefix = self._rk(r, "m/")
-        result_key = self._ek(r, "result")
-        await store.set(mprefix + self._node, b"", lease=self._lease)
+        state_key, result_key = self._k("state"), self._ek(r, "result")
         n = await store.add(self._rk(r, "count"), 1)
+        self._redundant = False  # a spare that joins a round is a joiner (torch)
+        seen = False  # a last call of this round was started (it runs, or it ended)
+        my_call: float | None = None  # the end of the last call this node started
+        lc_key = self._ek(r, "lc")
+        token = f"{self._node}:{n}".encode()
+        if core.min_nodes <= n and core.min_nodes < core.max_nodes:
+            # Does this arrival bring the live joiners to min_nodes?  Then it starts the
+            # round's last call — again if the count dropped below min_nodes since the
+            # last one started (torch clears the deadline then).  With min_nodes live
+            # joiners before it, one was started already (running, or over: then this
+            # arrival completes the round).  Started before this node's own key is
+            # written, so a later arrival that sees the key sees the last call too.
+            # Performance: one snapshot of the joiners, only for arrivals past min_nodes.
+            _, live = await store.snapshot(mprefix)
+            before = sum(1 for v in live.values() if _index(v) < n)
+            seen = before >= core.min_nodes
+            if before + 1 == core.min_nodes:
+                my_call = await self._arm_last_call(r, token)
+                seen = True
+        # the value is the arrival index: who came before whom, for the last call's start
+        await store.set(mprefix + self._node, str(n).encode(), lease=self._lease)
         logger.info(
             "The node '%s' added itself to the participants of round %s of the rendezvous "
             "'%s'. Pending sync.",
@@ -693,47 +743,88 @@ class DynamicRendezvousHandler(RendezvousHandler):
             r,
             self._settings.run_id,
         )
-        joined_at = clock.now()
-        attempt = first_attempt_at(n, joined_at, self._core)
-        last_call_end = joined_at + self._core.last_call_timeout
         previous: tuple[str, ...] | None = None
+        look = n >= core.min_nodes  # enough joiners came to look at who is live
         while True:
             now = clock.now()
             if now >= deadline:
                 await store.delete(mprefix + self._node)
                 raise self._timeout_error(r, n)
-            until = deadline if attempt is None else min(deadline, attempt)
-            try:
-                # The one wait of a joiner, woken by the decider (or by a close).
-                raw = await self._wait_end(r, "result", until - now)
-                return None if raw is None else self._decode_result(r, raw)
-            except TimeoutError:
-                pass
-            if attempt is None or clock.now() < attempt:
-                continue
+            rev, snap = await store.snapshot(state_key)
+            raw = snap.get(result_key)
+            if raw is not None:
+                return self._decode_result(r, raw)
+            st_raw = snap.get(state_key)
+            if st_raw is not None:
+                st = self._parse_state(st_raw)
+                if st.closed or st.round != r:
+                    return None  # closed, or the round ended (its decider died mid-way)
+            call = snap.get(lc_key)
+            running = call is not None
+            seen = seen or running
+            if my_call is not None and call not in (None, token):
+                my_call = None  # another arrival restarted the last call: it is theirs now
+            mine_over = my_call is not None and clock.now() >= my_call
+            passed = (seen and not running) or mine_over
+            if not (n >= core.max_nodes or passed or (look and not running)):
+                # The one wait of most joiners: for the result, or the last call's end.
+                until = deadline if my_call is None else min(deadline, my_call)
+                with_timeout = max(0.0, until - clock.now())
+                try:
+                    await store.watch(state_key, rev, with_timeout)
+                except TimeoutError:
+                    continue  # our own last call ended, or the join timeout: see above
             if previous is None:
                 previous = await self._previous_members(r)
             rev, live = await store.snapshot(mprefix)
             ids = [k[len(mprefix) :] for k in live]
-            chosen = choose_members(
-                ids, previous, self._core, last_call_passed=clock.now() >= last_call_end
-            )
+            pending = await self._pending(r, ids, previous)
+            chosen = choose_members(ids, previous, core, last_call_passed=passed, pending=pending)
             if chosen is not None:
                 mine = _dump({"version": _VERSION, "round": r, "members": list(chosen)})
                 # First writer wins; a racing decider adopts the winner's result.
                 return self._decode_result(r, await store.compare_set(result_key, None, mine))
-            if len(ids) >= self._core.min_nodes:
-                attempt = last_call_end  # enough nodes; the last call is still on
+            if len(ids) >= core.min_nodes and not running and not passed:
+                my_call = await self._arm_last_call(r, token)
+                seen = True
                 continue
-            # Joiners died below min_nodes: wait for another to arrive, then a fresh last
-            # call (torch clears the deadline below min and sets it again at min).  The
-            # whole control prefix, so that a close (the state key) wakes us too.
+            if len(ids) < core.min_nodes:
+                # below min_nodes the deadline is cleared (torch); the next arrival re-arms
+                seen, my_call, look = False, None, True
+            # Wait for a joiner to arrive or die, a pending node to rejoin or expire, or
+            # the round to end: all of it is under the control prefix.
             try:
                 await store.watch(self._c, rev, max(0.0, deadline - clock.now()))
             except TimeoutError:
-                continue
-            attempt = clock.now()
-            last_call_end = attempt + self._core.last_call_timeout
+                continue  # the join timeout: the loop's first check raises it
+
+    async def _arm_last_call(self, r: int, token: bytes) -> float:
+        """Start round ``r``'s last call; return when it ends on this node's clock."""
+        ends = self._clock.now() + self._core.last_call_timeout
+        lease = await self._store.grant_lease(self._core.last_call_timeout)
+        await self._store.set(self._ek(r, "lc"), token, lease=lease)
+        lease.abandon()  # nobody renews it: the store expires it, and the key, at the deadline
+        return ends
+
+    async def _pending(self, r: int, ids: list[str], previous: tuple[str, ...]) -> tuple[str, ...]:
+        """Nodes round ``r`` expects (round ``r - 1``'s members, waiting and redundant
+        nodes, with a live lease) that have not joined it yet — only when they matter.
+
+        They matter only for a full round with a joiner that was not a member before
+        (``choose_members``); otherwise no store operation is spent.
+        """
+        if r == 0 or len(ids) < self._core.max_nodes or set(ids) <= set(previous):
+            return ()
+        store = self._store
+        _, wait = await store.snapshot(self._rk(r - 1, "ev/w/"))
+        _, spare = await store.snapshot(self._rk(r - 1, "x/"))
+        _, alive = await store.snapshot(self._k("alive/"))
+        expected = set(previous)
+        expected.update(k.rsplit("/", 1)[1] for k in wait)
+        expected.update(k.rsplit("/", 1)[1] for k in spare)
+        base = self._k("alive/")
+        joined = set(ids)
+        return tuple(sorted(e for e in expected if e not in joined and base + e in alive))
 
     async def _finish(self, r: int, members: _Members, deadline: float) -> RendezvousInfo | None:
         """Exchange round ``r``'s master address; ``None`` if a member was lost meanwhile."""
@@ -830,11 +921,41 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # Redundant nodes wait without a deadline (torch); waiting ones within join.
         timeout = None if self._redundant else max(0.0, deadline - self._clock.now())
         try:
-            await self._wait_end(r, "next", timeout)
+            await self._wait_round_end(r, members, timeout)
         except TimeoutError:
             await self._store.delete(key)
             raise self._timeout_error(r, None) from None
         return self._clock.now() + self._core.join_timeout if self._redundant else deadline
+
+    async def _wait_round_end(
+        self, r: int, members: tuple[str, ...], timeout: float | None
+    ) -> None:
+        """Wait, off the members of complete round ``r``, until the round ends.
+
+        It ends when its ``next`` marker is written or the state moves on — or when a
+        member's lease expires: then this node ends it (``_core``: a member's expiry opens
+        the next round), since every member may be dead and nobody else would.
+        """
+        clock, store = self._clock, self._store
+        state_key, key = self._k("state"), self._ek(r, "next")
+        end = None if timeout is None else clock.now() + timeout
+        while True:
+            rev, snap = await store.snapshot(state_key)
+            if key in snap:
+                return
+            raw = snap.get(state_key)
+            if raw is not None:
+                st = self._parse_state(raw)
+                if st.closed or st.round != r:
+                    return
+                if await self._lost_member(members) is not None:
+                    await self._advance(raw, r)
+                    continue
+            left = None if end is None else end - clock.now()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"{key} was not written within {timeout}s")
+            # the whole control prefix: a member's lease expiry is under it too
+            await store.watch(self._c, rev, left)
 
     async def _advance(self, raw_state: bytes, r: int) -> None:
         """End complete round ``r``: open ``r + 1`` (unless someone already did)."""
