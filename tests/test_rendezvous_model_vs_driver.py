@@ -4,7 +4,7 @@ A hypothesis state machine drives the real :class:`DynamicRendezvousHandler` s â
 node, each run by the agent's loop (``next_rendezvous_async``, then ``watch_async``, then
 again) over one :class:`MemoryStore` on the simulated clock â€” and the reference table of
 :mod:`elastic.rendezvous._core` with the same operations at the same instants: nodes
-start, members restart their group, nodes crash (their lease expires ``TTL`` later),
+start, members restart their group, nodes crash (their lease expires :func:`ttl` later),
 time passes, the rendezvous closes.  After every step the two must agree:
 
 * every round the model completes is the round the driver completes: same round number,
@@ -18,30 +18,41 @@ time passes, the rendezvous closes.  After every step the two must agree:
   other waiting node gets :class:`RendezvousClosedError`.
 
 The model learns of a crash at once (:meth:`Rendezvous.crash`: the node acts no more) and
-of its lease's expiry ``TTL`` later (:meth:`Rendezvous.leave`); the agents' reaction to
+of its lease's expiry :func:`ttl` later (:meth:`Rendezvous.leave`); the agents' reaction to
 ``nodes_waiting`` (a member asks for the next round) is fed to the model as the join it is.
 
 Times are chosen so that no two kinds of instant coincide: joins and crashes happen at
-whole seconds, last calls end at .25, leases expire at .5.  Join timeouts are out of
-reach (tested in test_rendezvous_dynamic.py).
+whole seconds, last calls end at .25 (plus a lease's hundredths), leases expire at .5 plus
+a hundredth per node index (:func:`ttl`), so leases of nodes that crashed in the same
+second expire one after the other, as they would on a real store.  Join timeouts are out
+of reach (tested in test_rendezvous_dynamic.py).
 
-Scope, and the divergences this test found that are not closed yet:
+Scope: any node may crash at any time (a joiner, a member, a waiting or redundant node),
+``max_nodes`` ranges from ``min_nodes`` to more than the nodes (rounds fill up; spares
+wait on the redundancy list), members restart their group, the rendezvous closes.
 
-* ``max_nodes`` is at least the number of nodes, so no round fills up and nobody goes to
-  the redundancy list.  With fewer, when a member restarts a full round, a spare from the
-  redundancy list can join the next round before the other members' watches fire and take
-  a member's place, where the model admits the previous members first.
-* Crashes are off (``CRASHES``).  With them on, the two disagree within seconds: in the
-  model the last-call deadline belongs to the round, in the driver to the ``min_nodes``-th
-  joiner, and a later joiner decides only at the end of *its own* last call, so when the
-  deadline's holder dies the model completes the round at the deadline (with the dead
-  joiner in it) and the driver later without it; and a member's crash followed by a
-  restart while the next round is open ends in different rounds on the two sides.
+Divergences this test found, now closed (the side that was wrong was fixed):
 
-All of these close when the driver executes the model's table (issue 18, item 2,
-preferred) instead of re-deciding membership itself.  Found and fixed here: a joiner
-waiting below ``min_nodes`` for more joiners was not woken by a close (it watched only its
-round's prefix) and ended at its join timeout.
+* the last-call deadline belonged to the ``min_nodes``-th joiner in the driver; it is the
+  round's now (a store key on a lease nobody renews), cleared below ``min_nodes`` and
+  restarted by the arrival that brings the count back, as in the model and torch;
+* a member's crash followed by a restart: the model kept the node "crashed" after its
+  lease expired, and left the new incarnation out of the next round;
+* a round whose members all died was never ended in the driver (only a member's ring
+  watcher could end it; a dead watcher broke the ring): every node waiting on the round
+  now checks every member, and waiting or redundant nodes end the round themselves;
+* with ``max_nodes`` below the nodes, a spare could take a restarting member's seat by
+  arriving first in the driver; the model itself admitted the next round's nodes one by
+  one and let a spare in too.  Both now keep a seat for an expected node (previous member,
+  waiting or spare) whose lease is alive until it rejoins or its lease expires;
+* the model completed a round at its deadline when every joiner had crashed; completing
+  is an act of a live joiner (torch's too);
+* a spare that joined a round still exited "gracefully" on a close;
+* (earlier) a joiner waiting below ``min_nodes`` for more joiners was not woken by a close.
+
+No divergence is known to remain within this scope.  Outside it: store latency (the
+``MemoryStore`` here answers at once; with latency two arrivals in flight together may
+both start a last call, moving the deadline by that latency).
 """
 
 from __future__ import annotations
@@ -68,8 +79,7 @@ from elastic.rendezvous.dynamic import (
 from sim.clock import SimClock
 
 NODES = [f"n{i}" for i in range(6)]
-# Crashes still find divergences (module docstring): True reproduces them in seconds.
-CRASHES = True
+CRASHES = True  # False leaves crashes out (to tell a crash-only divergence from others)
 TTL = 15.5
 
 

@@ -8,38 +8,49 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
 * ``state`` — JSON ``{"version": 1, "round": r, "closed": bool}``, changed with
   ``compare_set`` only when a round ends or the rendezvous closes.  Never per heartbeat.
 * ``alive/<node>`` — attached to the node's lease: liveness without heartbeat writes.
-* ``r<r>/m/<node>`` (leased) and ``r<r>/count`` — joining round ``r`` is one ``set`` and
-  one ``add``; ``add`` tells the joiner its arrival index ``n``.
+* ``r<r>/count`` and ``r<r>/m/<node>`` (leased) — joining round ``r`` is one ``add``
+  (the joiner's arrival index ``n``) and one ``set`` (value: ``n``).
+* ``state/r<r>/lc`` — round ``r``'s last call, running: set by the joiner that brings
+  the live joiners to ``min_nodes`` (it counts the live joiners with a smaller index),
+  on a lease of ``last_call_timeout`` that nobody renews.  The deadline is the round's,
+  as torch's ``state.deadline``, and the store ends it at one instant for everyone (no
+  clocks compared across nodes; etcd rounds a lease up to whole seconds, so there the
+  starter's own clock decides first and the key's expiry is the fail-over).  Below
+  ``min_nodes`` the deadline is cleared: the arrival that brings the count back starts
+  a new one.
 * ``state/r<r>/result`` — the members of round ``r`` in rank order, written once with
-  ``compare_set(None → …)`` by the *decider*: the joiner whose ``n`` reaches
-  ``max_nodes`` (at once) or whose last call ends with ``≥ min_nodes`` live joiners
-  (the ``min_nodes``-th joiner holds torch's last-call deadline; later joiners are
-  fail-overs in case it dies).  Everyone else waits on this one key: a rendezvous of
-  N nodes costs O(N) store operations and bytes in total, O(1) per node.
+  ``compare_set(None → …)`` by a *decider*: the joiner whose ``n`` reaches ``max_nodes``
+  (at once), and every joiner that saw the last call end (first writer wins; a round
+  completes at its deadline whoever died).  The choice is :func:`choose_members`; a full
+  round waits while a node it expects (a member, waiting or redundant node of round
+  ``r - 1`` whose lease is alive) has not rejoined and would take a seat.
 * ``r<r>/ev/w/<node>`` (leased) — a late arrival on the wait list; ``r<r>/x/<node>`` —
-  on the redundancy list; ``r<r>/ev/lost`` — a member saw its ring successor's lease
-  expire.  ``state/r<r>/next`` — the round is over (next round number, or closed): what
-  waiting and redundant nodes wait on.
+  on the redundancy list.  ``state/r<r>/next`` — the round is over (next round number,
+  or closed): what waiting and redundant nodes wait for.
 
 Ending a round (or closing) is two writes: the ``state``, then the end marker.  The
-markers live under the ``state`` key's own prefix, and a node waiting for one
-(:meth:`DynamicRendezvousHandler._wait_end`) watches that prefix: it wakes on the marker
-*or* on the state moving on, so a node that dies between its two writes strands nobody.
-The prefix changes only when a round is decided, ends or closes: O(1) wake-ups per
-waiter per round.
+markers live under the ``state`` key's own prefix, and a joiner watches that prefix: it
+wakes on the result, the last call's start or end, *or* on the state moving on, so a
+node that dies between its two writes strands nobody.  That prefix changes O(1) times
+per round: O(1) wake-ups per joiner.
 
-Members of a complete round watch the control prefix; each checks only its successor
-in rank order (a ring), so a death costs O(N) wake-ups in total, and the one who sees
-it writes ``ev/lost`` for the others.  Nothing polls; nothing is pickled; every value
-read is checked against its schema and a corrupt one raises
-:class:`RendezvousStateError` naming the key.
+Every node waiting on a complete round — members (:meth:`watch_async`), wait list and
+redundancy list — watches the control prefix and, on each wake-up, checks every
+member's ``alive`` key (one snapshot): a member's lease expiry ends the round
+(``peer_lost``), and a waiting or redundant node ends it itself (every member may be
+dead).  Nothing polls; nothing is pickled; every value read is checked against its
+schema and a corrupt one raises :class:`RendezvousStateError` naming the key.
 
 A round may be decided with a member that has just died: its leased keys outlive it by
 the lease's time-to-live.  So while a member exchanges the round's master address (and
 while the agent exchanges ranks, :meth:`DynamicRendezvousHandler.watch_members_async`),
-it also runs the ring check above: when a member's lease expires, the round ends
-(``peer_lost``) and the survivors join the next one, instead of waiting for the dead
-member's address until their join timeout.
+it also runs the check above: when a member's lease expires, the round ends and the
+survivors join the next one, instead of waiting for the dead member's address until
+their join timeout.
+
+The decisions are the model's (:mod:`elastic.rendezvous._core`), and
+``tests/test_rendezvous_model_vs_driver.py`` runs both side by side — crashes, restarts,
+spares and closes — and fails on any difference.
 
 Each round has its own store, ``elastic/rdzv/<run_id>/s/<r>/`` (a :class:`PrefixStore`),
 where rank 0 publishes MASTER_ADDR/MASTER_PORT.
@@ -57,6 +68,7 @@ Two ways to build the handler
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -527,7 +539,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if self._round is None:
             raise RuntimeError("watch_async() needs a completed next_rendezvous_async() first")
         if self._round_watch is not None:
-            # the round's ring check already runs (started when the round was decided)
+            # the round's member check already runs (started when the round was decided)
             return _unwrap(await self._round_watch.join())
         return await self._watch_round(self._round, self._members, waiting_ends=True)
 
@@ -660,31 +672,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
             raise _corrupt(key, f"negative round {st.round}")
         return st
 
-    async def _wait_end(self, r: int, part: str, timeout: float | None) -> bytes | None:
-        """Wait for round ``r``'s ``part`` marker (``result`` or ``next``); return it.
-
-        Returns ``None`` if the state moved past round ``r`` (or closed) without the
-        marker — its writer died between its two writes; the caller re-reads the state.
-        Raises :class:`TimeoutError` after ``timeout`` seconds.
-        """
-        clock, store = self._clock, self._store
-        # the state key is also the prefix of every end marker (see the module docstring)
-        state_key, key = self._k("state"), self._ek(r, part)
-        deadline = None if timeout is None else clock.now() + timeout
-        while True:
-            rev, snap = await store.snapshot(state_key)
-            if key in snap:
-                return snap[key]
-            raw = snap.get(state_key)
-            if raw is not None:
-                st = self._parse_state(raw)
-                if st.closed or st.round != r:
-                    return None
-            left = None if deadline is None else deadline - clock.now()
-            if left is not None and left <= 0:
-                raise TimeoutError(f"{key} was not written within {timeout}s")
-            await store.watch(state_key, rev, left)
-
     def _decode_result(self, r: int, raw: bytes) -> _Members | None:
         """The members of round ``r`` in rank order, or ``None`` if it was closed."""
         try:
@@ -770,10 +757,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 # The one wait of most joiners: for the result, or the last call's end.
                 until = deadline if my_call is None else min(deadline, my_call)
                 with_timeout = max(0.0, until - clock.now())
-                try:
+                with contextlib.suppress(TimeoutError):  # our last call ended, or the join's
                     await store.watch(state_key, rev, with_timeout)
-                except TimeoutError:
-                    continue  # our own last call ended, or the join timeout: see above
+                continue
             if previous is None:
                 previous = await self._previous_members(r)
             rev, live = await store.snapshot(mprefix)
@@ -793,10 +779,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 seen, my_call, look = False, None, True
             # Wait for a joiner to arrive or die, a pending node to rejoin or expire, or
             # the round to end: all of it is under the control prefix.
-            try:
+            with contextlib.suppress(TimeoutError):  # the join timeout: the loop raises it
                 await store.watch(self._c, rev, max(0.0, deadline - clock.now()))
-            except TimeoutError:
-                continue  # the join timeout: the loop's first check raises it
 
     async def _arm_last_call(self, r: int, token: bytes) -> float:
         """Start round ``r``'s last call; return when it ends on this node's clock."""
@@ -847,7 +831,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             )
         wait = max(deadline - self._clock.now(), self._ttl)
         clock = self._clock
-        # Performance: the ring check of the round starts here and is the same task that
+        # Performance: the member check of the round starts here and is the same task that
         # watch_async() later joins, so guarding the exchanges costs no store operation
         # beyond the watch the agent runs anyway (measured with bench/bench_sim.py).
         self._drop_round_watch()
