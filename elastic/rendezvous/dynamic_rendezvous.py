@@ -25,7 +25,8 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
   round waits while a node it expects (a member, waiting or redundant node of round
   ``r - 1`` whose lease is alive) has not rejoined and would take a seat.
 * ``r<r>/ev/w/<node>`` (leased) — a late arrival on the wait list; ``r<r>/x/<node>`` —
-  on the redundancy list.  ``state/r<r>/next`` — the round is over (next round number,
+  on the redundancy list; ``r<r>/ev/lost`` — a member's lease expired (for members that
+  learn it after the round moved on).  ``state/r<r>/next`` — the round is over (next round number,
   or closed): what waiting and redundant nodes wait for.
 
 Ending a round (or closing) is two writes: the ``state``, then the end marker.  The
@@ -393,6 +394,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._members = _Members([])
         self._redundant = False
         self._round_watch: Task[str | Exception] | None = None
+        self._alive_keys: tuple[tuple[str, ...] | None, frozenset[str]] = (None, frozenset())
 
     @classmethod
     def from_backend(
@@ -580,7 +582,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # Take the revision first: any change after it wakes the watch below.
             rev, events = await self._store.snapshot(ev)
             waiting = waiting_ends and any(k.startswith(ev + "w/") for k in events)
-            lost = await self._lost_member(members) is not None
+            lost = ev + "lost" in events
             _, st = await self._read_state()
             if st.closed:
                 return "closed"
@@ -588,27 +590,38 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 return "nodes_waiting" if waiting else "peer_lost" if lost else "restarted"
             if waiting:
                 return "nodes_waiting"
-            if lost:
+            if lost or await self._lost_member(members):
+                await self._mark_lost(r)
                 return "peer_lost"
             await self._store.watch(self._c, rev)
 
-    async def _lost_member(self, members: tuple[str, ...]) -> str | None:
-        """A member of the round whose lease expired (its ``alive`` key is gone), if any.
+    async def _mark_lost(self, r: int) -> None:
+        """Tell round ``r``'s members that one was lost, for those who learn it late.
+
+        Every live member detects the loss itself at the same wake-up; ``ev/lost`` is for
+        a member that wakes after the round has already moved on.  ``compare_set``: one
+        mutation (one wake-up each) however many write it.
+        """
+        await self._store.compare_set(self._rk(r, "ev/lost"), None, b"1")
+
+    async def _lost_member(self, members: tuple[str, ...]) -> bool:
+        """Whether a member of the round lost its lease (its ``alive`` key is gone).
 
         Every node that waits on a complete round checks *every* member, not a ring
         successor: a ring breaks when a member's watcher is itself dead (crashed, its
         lease not yet expired), and then the round would outlive the first expiry by up
         to a lease.  The rule (``_core``: a member's expiry ends the round) needs every
         expiry seen by every live node.  Performance: one snapshot of the ``alive/``
-        prefix per wake-up — the same number of store operations as the ring check's one
-        ``try_get`` (simulated timing unchanged), O(N) bytes instead of O(1).
+        prefix where the ring check read one key — the same number of store operations —
+        and a set comparison in C.
         """
-        _, alive = await self._store.snapshot(self._k("alive/"))
         base = self._k("alive/")
-        for m in members:
-            if base + m not in alive:
-                return m
-        return None
+        of, keys = self._alive_keys
+        if of is not members:  # one round's members at a time (identity: O(1))
+            keys = frozenset(base + m for m in members)
+            self._alive_keys = (members, keys)
+        _, alive = await self._store.snapshot(base)
+        return not keys <= alive.keys()
 
     async def is_closed_async(self) -> bool:
         _, st = await self._read_state()
@@ -932,7 +945,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 st = self._parse_state(raw)
                 if st.closed or st.round != r:
                     return
-                if await self._lost_member(members) is not None:
+                if await self._lost_member(members):
+                    await self._mark_lost(r)
                     await self._advance(raw, r)
                     continue
             left = None if end is None else end - clock.now()
