@@ -748,8 +748,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         while True:
             now = clock.now()
             if now >= deadline:
+                # how many are live in the round (with us): its arrival index is not that
+                _, live = await store.snapshot(mprefix)
                 await store.delete(mprefix + self._node)
-                raise self._timeout_error(r, n)
+                raise self._timeout_error(r, len(live))
             rev, snap = await store.snapshot(state_key)
             raw = snap.get(result_key)
             if raw is not None:
@@ -773,12 +775,16 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 with contextlib.suppress(TimeoutError):  # our last call ended, or the join's
                     await store.watch(state_key, rev, with_timeout)
                 continue
-            if previous is None:
-                previous = await self._previous_members(r)
             rev, live = await store.snapshot(mprefix)
             ids = [k[len(mprefix) :] for k in live]
-            pending = await self._pending(r, ids, previous)
-            chosen = choose_members(ids, previous, core, last_call_passed=passed, pending=pending)
+            if previous is None and len(ids) >= core.max_nodes:
+                # Performance: the previous members matter only to a full round (who is
+                # admitted first); below max_nodes every live joiner is admitted.
+                previous = await self._previous_members(r)
+            pending = await self._pending(r, ids, previous or ())
+            chosen = choose_members(
+                ids, previous or (), core, last_call_passed=passed, pending=pending
+            )
             if chosen is not None:
                 mine = _dump({"version": _VERSION, "round": r, "members": list(chosen)})
                 # First writer wins; a racing decider adopts the winner's result.
