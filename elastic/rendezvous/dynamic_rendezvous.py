@@ -23,7 +23,8 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
   (at once), and every joiner that saw the last call end (first writer wins; a round
   completes at its deadline whoever died).  The choice is :func:`choose_members`; a full
   round waits while a node it expects (a member, waiting or redundant node of round
-  ``r - 1`` whose lease is alive) has not rejoined and would take a seat.
+  ``r - 1`` whose lease is alive) has not rejoined and would take a seat; then
+  ``state/r<r>/full`` tells every joiner to watch for that node (rejoin or expiry).
 * ``r<r>/ev/w/<node>`` (leased) — a late arrival on the wait list; ``r<r>/x/<node>`` —
   on the redundancy list; ``r<r>/ev/lost`` — a member's lease expired (for members that
   learn it after the round moved on).  ``state/r<r>/next`` — the round is over (next round number,
@@ -768,7 +769,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 my_call = None  # another arrival restarted the last call: it is theirs now
             mine_over = my_call is not None and clock.now() >= my_call
             passed = (seen and not running) or mine_over
-            if not (n >= core.max_nodes or passed or (look and not running)):
+            full = self._ek(r, "full") in snap  # full, held for a pending seat
+            if not (n >= core.max_nodes or full or passed or (look and not running)):
                 # The one wait of most joiners: for the result, or the last call's end.
                 until = deadline if my_call is None else min(deadline, my_call)
                 with_timeout = max(0.0, until - clock.now())
@@ -789,6 +791,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 mine = _dump({"version": _VERSION, "round": r, "members": list(chosen)})
                 # First writer wins; a racing decider adopts the winner's result.
                 return self._decode_result(r, await store.compare_set(result_key, None, mine))
+            if len(ids) >= core.max_nodes and not full:
+                # Full, but a seat is held for a pending node: every joiner watches for it
+                # to rejoin or expire (the max_nodes-th joiner may die meanwhile).
+                await store.compare_set(self._ek(r, "full"), None, b"1")
+                continue
             if len(ids) >= core.min_nodes and not running and not passed:
                 my_call = await self._arm_last_call(r, token)
                 seen = True
