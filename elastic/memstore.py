@@ -373,15 +373,8 @@ class MemoryStore:
         self.stats.ops += 1
         keys = self._sorted
         i = bisect.bisect_left(keys, prefix)
-        data = self._data
-        if prefix and prefix[-1] != "\U0010ffff":
-            # Performance: the keys under ``prefix`` are exactly those in [prefix, upper):
-            # two bisections and a slice instead of a startswith per key (the rendezvous
-            # snapshots the alive/ prefix on every wake-up of every member).
-            upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-            j = bisect.bisect_left(keys, upper, i)
-            return self._revision, {k: data[k] for k in keys[i:j]}
         out: dict[str, bytes] = {}
+        data = self._data
         while i < len(keys) and keys[i].startswith(prefix):
             out[keys[i]] = data[keys[i]]
             i += 1

@@ -8,51 +8,38 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
 * ``state`` — JSON ``{"version": 1, "round": r, "closed": bool}``, changed with
   ``compare_set`` only when a round ends or the rendezvous closes.  Never per heartbeat.
 * ``alive/<node>`` — attached to the node's lease: liveness without heartbeat writes.
-* ``r<r>/count`` and ``r<r>/m/<node>`` (leased) — joining round ``r`` is one ``add``
-  (the joiner's arrival index ``n``) and one ``set`` (value: ``n``).
-* ``state/r<r>/lc`` — round ``r``'s last call, running: set by the joiner that brings
-  the live joiners to ``min_nodes`` (it counts the live joiners with a smaller index),
-  on a lease of ``last_call_timeout`` that nobody renews.  The deadline is the round's,
-  as torch's ``state.deadline``, and the store ends it at one instant for everyone (no
-  clocks compared across nodes; etcd rounds a lease up to whole seconds, so there the
-  starter's own clock decides first and the key's expiry is the fail-over).  Below
-  ``min_nodes`` the deadline is cleared: the arrival that brings the count back starts
-  a new one.
+* ``r<r>/m/<node>`` (leased) and ``r<r>/count`` — joining round ``r`` is one ``set`` and
+  one ``add``; ``add`` tells the joiner its arrival index ``n``.
 * ``state/r<r>/result`` — the members of round ``r`` in rank order, written once with
-  ``compare_set(None → …)`` by a *decider*: the joiner whose ``n`` reaches ``max_nodes``
-  (at once), and every joiner that saw the last call end (first writer wins; a round
-  completes at its deadline whoever died).  The choice is :func:`choose_members`; a full
-  round waits while a node it expects (a member, waiting or redundant node of round
-  ``r - 1`` whose lease is alive) has not rejoined and would take a seat; then
-  ``state/r<r>/full`` tells every joiner to watch for that node (rejoin or expiry).
+  ``compare_set(None → …)`` by the *decider*: the joiner whose ``n`` reaches
+  ``max_nodes`` (at once) or whose last call ends with ``≥ min_nodes`` live joiners
+  (the ``min_nodes``-th joiner holds torch's last-call deadline; later joiners are
+  fail-overs in case it dies).  Everyone else waits on this one key: a rendezvous of
+  N nodes costs O(N) store operations and bytes in total, O(1) per node.
 * ``r<r>/ev/w/<node>`` (leased) — a late arrival on the wait list; ``r<r>/x/<node>`` —
-  on the redundancy list; ``r<r>/ev/lost`` — a member's lease expired (for members that
-  learn it after the round moved on).  ``state/r<r>/next`` — the round is over (next round number,
-  or closed): what waiting and redundant nodes wait for.
+  on the redundancy list; ``r<r>/ev/lost`` — a member saw its ring successor's lease
+  expire.  ``state/r<r>/next`` — the round is over (next round number, or closed): what
+  waiting and redundant nodes wait on.
 
 Ending a round (or closing) is two writes: the ``state``, then the end marker.  The
-markers live under the ``state`` key's own prefix, and a joiner watches that prefix: it
-wakes on the result, the last call's start or end, *or* on the state moving on, so a
-node that dies between its two writes strands nobody.  That prefix changes O(1) times
-per round: O(1) wake-ups per joiner.
+markers live under the ``state`` key's own prefix, and a node waiting for one
+(:meth:`DynamicRendezvousHandler._wait_end`) watches that prefix: it wakes on the marker
+*or* on the state moving on, so a node that dies between its two writes strands nobody.
+The prefix changes only when a round is decided, ends or closes: O(1) wake-ups per
+waiter per round.
 
-Every node waiting on a complete round — members (:meth:`watch_async`), wait list and
-redundancy list — watches the control prefix and, on each wake-up, checks every
-member's ``alive`` key (one snapshot): a member's lease expiry ends the round
-(``peer_lost``), and a waiting or redundant node ends it itself (every member may be
-dead).  Nothing polls; nothing is pickled; every value read is checked against its
-schema and a corrupt one raises :class:`RendezvousStateError` naming the key.
+Members of a complete round watch the control prefix; each checks only its successor
+in rank order (a ring), so a death costs O(N) wake-ups in total, and the one who sees
+it writes ``ev/lost`` for the others.  Nothing polls; nothing is pickled; every value
+read is checked against its schema and a corrupt one raises
+:class:`RendezvousStateError` naming the key.
 
 A round may be decided with a member that has just died: its leased keys outlive it by
 the lease's time-to-live.  So while a member exchanges the round's master address (and
 while the agent exchanges ranks, :meth:`DynamicRendezvousHandler.watch_members_async`),
-it also runs the check above: when a member's lease expires, the round ends and the
-survivors join the next one, instead of waiting for the dead member's address until
-their join timeout.
-
-The decisions are the model's (:mod:`elastic.rendezvous._core`), and
-``tests/test_rendezvous_model_vs_driver.py`` runs both side by side — crashes, restarts,
-spares and closes — and fails on any difference.
+it also runs the ring check above: when a member's lease expires, the round ends
+(``peer_lost``) and the survivors join the next one, instead of waiting for the dead
+member's address until their join timeout.
 
 Each round has its own store, ``elastic/rdzv/<run_id>/s/<r>/`` (a :class:`PrefixStore`),
 where rank 0 publishes MASTER_ADDR/MASTER_PORT.  Round ``r``'s keys (``r<r>/``,
@@ -72,7 +59,6 @@ Two ways to build the handler
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -89,6 +75,7 @@ from elastic.rendezvous._core import (
     NodeStatus,
     arrival_role,
     choose_members,
+    first_attempt_at,
 )
 from elastic.rendezvous.api import (
     RendezvousClosedError,
@@ -299,14 +286,6 @@ class _Members(tuple[str, ...]):
         return node in self.rank
 
 
-def _index(raw: bytes) -> int:
-    """A joiner's arrival index (its ``m/`` value); unreadable counts as first."""
-    try:
-        return int(raw)
-    except ValueError:
-        return 0
-
-
 @functools.lru_cache(maxsize=32)
 def _parse_result(raw: bytes, max_nodes: int) -> _Members | None:
     try:
@@ -402,7 +381,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._members = _Members([])
         self._redundant = False
         self._round_watch: Task[str | Exception] | None = None
-        self._alive_keys: tuple[tuple[str, ...] | None, frozenset[str]] = (None, frozenset())
 
     @classmethod
     def from_backend(
@@ -549,7 +527,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if self._round is None:
             raise RuntimeError("watch_async() needs a completed next_rendezvous_async() first")
         if self._round_watch is not None:
-            # the round's member check already runs (started when the round was decided)
+            # the round's ring check already runs (started when the round was decided)
             return _unwrap(await self._round_watch.join())
         return await self._watch_round(self._round, self._members, waiting_ends=True)
 
@@ -585,6 +563,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return e
 
     async def _watch_round(self, r: int, members: _Members, *, waiting_ends: bool) -> str:
+        i = members.rank[self._node]
+        succ = members[(i + 1) % len(members)] if len(members) > 1 else None
         ev = self._rk(r, "ev/")
         while True:
             # Take the revision first: any change after it wakes the watch below.
@@ -598,38 +578,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 return "nodes_waiting" if waiting else "peer_lost" if lost else "restarted"
             if waiting:
                 return "nodes_waiting"
-            if lost or await self._lost_member(members):
-                await self._mark_lost(r)
+            if lost:
+                return "peer_lost"
+            if succ is not None and await self._store.try_get(self._k("alive", succ)) is None:
+                await self._store.set(ev + "lost", succ.encode())
                 return "peer_lost"
             await self._store.watch(self._c, rev)
-
-    async def _mark_lost(self, r: int) -> None:
-        """Tell round ``r``'s members that one was lost, for those who learn it late.
-
-        Every live member detects the loss itself at the same wake-up; ``ev/lost`` is for
-        a member that wakes after the round has already moved on.  ``compare_set``: one
-        mutation (one wake-up each) however many write it.
-        """
-        await self._store.compare_set(self._rk(r, "ev/lost"), None, b"1")
-
-    async def _lost_member(self, members: tuple[str, ...]) -> bool:
-        """Whether a member of the round lost its lease (its ``alive`` key is gone).
-
-        Every node that waits on a complete round checks *every* member, not a ring
-        successor: a ring breaks when a member's watcher is itself dead (crashed, its
-        lease not yet expired), and then the round would outlive the first expiry by up
-        to a lease.  The rule (``_core``: a member's expiry ends the round) needs every
-        expiry seen by every live node.  Performance: one snapshot of the ``alive/``
-        prefix where the ring check read one key — the same number of store operations —
-        and a set comparison in C.
-        """
-        base = self._k("alive/")
-        of, keys = self._alive_keys
-        if of is not members:  # one round's members at a time (identity: O(1))
-            keys = frozenset(base + m for m in members)
-            self._alive_keys = (members, keys)
-        _, alive = await self._store.snapshot(base)
-        return not keys <= alive.keys()
 
     async def is_closed_async(self) -> bool:
         _, st = await self._read_state()
@@ -693,6 +647,31 @@ class DynamicRendezvousHandler(RendezvousHandler):
             raise _corrupt(key, f"negative round {st.round}")
         return st
 
+    async def _wait_end(self, r: int, part: str, timeout: float | None) -> bytes | None:
+        """Wait for round ``r``'s ``part`` marker (``result`` or ``next``); return it.
+
+        Returns ``None`` if the state moved past round ``r`` (or closed) without the
+        marker — its writer died between its two writes; the caller re-reads the state.
+        Raises :class:`TimeoutError` after ``timeout`` seconds.
+        """
+        clock, store = self._clock, self._store
+        # the state key is also the prefix of every end marker (see the module docstring)
+        state_key, key = self._k("state"), self._ek(r, part)
+        deadline = None if timeout is None else clock.now() + timeout
+        while True:
+            rev, snap = await store.snapshot(state_key)
+            if key in snap:
+                return snap[key]
+            raw = snap.get(state_key)
+            if raw is not None:
+                st = self._parse_state(raw)
+                if st.closed or st.round != r:
+                    return None
+            left = None if deadline is None else deadline - clock.now()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"{key} was not written within {timeout}s")
+            await store.watch(state_key, rev, left)
+
     def _decode_result(self, r: int, raw: bytes) -> _Members | None:
         """The members of round ``r`` in rank order, or ``None`` if it was closed."""
         try:
@@ -708,44 +687,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return (self._decode_result(r - 1, raw) or ()) if raw is not None else ()
 
     async def _join_open_round(self, r: int, deadline: float) -> _Members | None:
-        """Join open round ``r``; decide it when the rules say so; return its members.
-
-        The last call is the round's, as torch's ``state.deadline``: the joiner that sees
-        ``min_nodes`` live joiners and no last call running arms one — the ``lc`` key on
-        a lease of ``last_call_timeout`` that nobody renews, so the store ends it at one
-        instant for everyone (no clocks compared across nodes).  The armer decides at its
-        own deadline; every joiner that saw the key vanish decides too (first writer
-        wins), so the round completes at its deadline whoever died.  At ``max_nodes`` the
-        joiner decides at once.  Below ``min_nodes`` at the deadline, the last call is
-        cleared; the joiner that brings the round back to ``min_nodes`` arms a new one.
-        """
-        clock, store, core = self._clock, self._store, self._core
+        """Join open round ``r``; decide it if it falls to us; return its members."""
+        clock, store = self._clock, self._store
         mprefix = self._rk(r, "m/")
-        state_key, result_key = self._k("state"), self._ek(r, "result")
+        result_key = self._ek(r, "result")
         self._drop_own_keys(r)
-        n = await store.add(self._rk(r, "count"), 1)
-        self._redundant = False  # a spare that joins a round is a joiner (torch)
-        seen = False  # a last call of this round was started (it runs, or it ended)
-        my_call: float | None = None  # the end of the last call this node started
-        lc_key = self._ek(r, "lc")
-        token = f"{self._node}:{n}".encode()
-        if core.min_nodes <= n and core.min_nodes < core.max_nodes:
-            # Does this arrival bring the live joiners to min_nodes?  Then it starts the
-            # round's last call — again if the count dropped below min_nodes since the
-            # last one started (torch clears the deadline then).  With min_nodes live
-            # joiners before it, one was started already (running, or over: then this
-            # arrival completes the round).  Started before this node's own key is
-            # written, so a later arrival that sees the key sees the last call too.
-            # Performance: one snapshot of the joiners, only for arrivals past min_nodes.
-            _, live = await store.snapshot(mprefix)
-            before = sum(1 for v in live.values() if _index(v) < n)
-            seen = before >= core.min_nodes
-            if before + 1 == core.min_nodes:
-                my_call = await self._arm_last_call(r, token)
-                seen = True
-        # the value is the arrival index: who came before whom, for the last call's start
-        await store.set(mprefix + self._node, str(n).encode(), lease=self._lease)
+        await store.set(mprefix + self._node, b"", lease=self._lease)
         self._own_keys.append((r, mprefix + self._node))
+        n = await store.add(self._rk(r, "count"), 1)
         logger.info(
             "The node '%s' added itself to the participants of round %s of the rendezvous "
             "'%s'. Pending sync.",
@@ -753,97 +702,47 @@ class DynamicRendezvousHandler(RendezvousHandler):
             r,
             self._settings.run_id,
         )
+        joined_at = clock.now()
+        attempt = first_attempt_at(n, joined_at, self._core)
+        last_call_end = joined_at + self._core.last_call_timeout
         previous: tuple[str, ...] | None = None
-        look = n >= core.min_nodes  # enough joiners came to look at who is live
         while True:
             now = clock.now()
             if now >= deadline:
-                # how many are live in the round (with us): its arrival index is not that
-                _, live = await store.snapshot(mprefix)
                 await store.delete(mprefix + self._node)
-                raise self._timeout_error(r, len(live))
-            rev, snap = await store.snapshot(state_key)
-            raw = snap.get(result_key)
-            if raw is not None:
-                return self._decode_result(r, raw)
-            st_raw = snap.get(state_key)
-            if st_raw is not None:
-                st = self._parse_state(st_raw)
-                if st.closed or st.round != r:
-                    return None  # closed, or the round ended (its decider died mid-way)
-            call = snap.get(lc_key)
-            running = call is not None
-            seen = seen or running
-            if my_call is not None and call not in (None, token):
-                my_call = None  # another arrival restarted the last call: it is theirs now
-            mine_over = my_call is not None and clock.now() >= my_call
-            passed = (seen and not running) or mine_over
-            full = self._ek(r, "full") in snap  # full, held for a pending seat
-            if not (n >= core.max_nodes or full or passed or (look and not running)):
-                # The one wait of most joiners: for the result, or the last call's end.
-                until = deadline if my_call is None else min(deadline, my_call)
-                with_timeout = max(0.0, until - clock.now())
-                with contextlib.suppress(TimeoutError):  # our last call ended, or the join's
-                    await store.watch(state_key, rev, with_timeout)
+                raise self._timeout_error(r, n)
+            until = deadline if attempt is None else min(deadline, attempt)
+            try:
+                # The one wait of a joiner, woken by the decider (or by a close).
+                raw = await self._wait_end(r, "result", until - now)
+                return None if raw is None else self._decode_result(r, raw)
+            except TimeoutError:
+                pass
+            if attempt is None or clock.now() < attempt:
                 continue
+            if previous is None:
+                previous = await self._previous_members(r)
             rev, live = await store.snapshot(mprefix)
             ids = [k[len(mprefix) :] for k in live]
-            if previous is None and len(ids) >= core.max_nodes:
-                # Performance: the previous members matter only to a full round (who is
-                # admitted first); below max_nodes every live joiner is admitted.
-                previous = await self._previous_members(r)
-            pending = await self._pending(r, ids, previous or ())
             chosen = choose_members(
-                ids, previous or (), core, last_call_passed=passed, pending=pending
+                ids, previous, self._core, last_call_passed=clock.now() >= last_call_end
             )
             if chosen is not None:
                 mine = _dump({"version": _VERSION, "round": r, "members": list(chosen)})
                 # First writer wins; a racing decider adopts the winner's result.
                 return self._decode_result(r, await store.compare_set(result_key, None, mine))
-            if len(ids) >= core.max_nodes and not full:
-                # Full, but a seat is held for a pending node: every joiner watches for it
-                # to rejoin or expire (the max_nodes-th joiner may die meanwhile).
-                await store.compare_set(self._ek(r, "full"), None, b"1")
+            if len(ids) >= self._core.min_nodes:
+                attempt = last_call_end  # enough nodes; the last call is still on
                 continue
-            if len(ids) >= core.min_nodes and not running and not passed:
-                my_call = await self._arm_last_call(r, token)
-                seen = True
-                continue
-            if len(ids) < core.min_nodes:
-                # below min_nodes the deadline is cleared (torch); the next arrival re-arms
-                seen, my_call, look = False, None, True
-            # Wait for a joiner to arrive or die, a pending node to rejoin or expire, or
-            # the round to end: all of it is under the control prefix.
-            with contextlib.suppress(TimeoutError):  # the join timeout: the loop raises it
+            # Joiners died below min_nodes: wait for another to arrive, then a fresh last
+            # call (torch clears the deadline below min and sets it again at min).  The
+            # whole control prefix, so that a close (the state key) wakes us too.
+            try:
                 await store.watch(self._c, rev, max(0.0, deadline - clock.now()))
-
-    async def _arm_last_call(self, r: int, token: bytes) -> float:
-        """Start round ``r``'s last call; return when it ends on this node's clock."""
-        ends = self._clock.now() + self._core.last_call_timeout
-        lease = await self._store.grant_lease(self._core.last_call_timeout)
-        await self._store.set(self._ek(r, "lc"), token, lease=lease)
-        lease.abandon()  # nobody renews it: the store expires it, and the key, at the deadline
-        return ends
-
-    async def _pending(self, r: int, ids: list[str], previous: tuple[str, ...]) -> tuple[str, ...]:
-        """Nodes round ``r`` expects (round ``r - 1``'s members, waiting and redundant
-        nodes, with a live lease) that have not joined it yet — only when they matter.
-
-        They matter only for a full round with a joiner that was not a member before
-        (``choose_members``); otherwise no store operation is spent.
-        """
-        if r == 0 or len(ids) < self._core.max_nodes or set(ids) <= set(previous):
-            return ()
-        store = self._store
-        _, wait = await store.snapshot(self._rk(r - 1, "ev/w/"))
-        _, spare = await store.snapshot(self._rk(r - 1, "x/"))
-        _, alive = await store.snapshot(self._k("alive/"))
-        expected = set(previous)
-        expected.update(k.rsplit("/", 1)[1] for k in wait)
-        expected.update(k.rsplit("/", 1)[1] for k in spare)
-        base = self._k("alive/")
-        joined = set(ids)
-        return tuple(sorted(e for e in expected if e not in joined and base + e in alive))
+            except TimeoutError:
+                continue
+            attempt = clock.now()
+            last_call_end = attempt + self._core.last_call_timeout
 
     async def _finish(self, r: int, members: _Members, deadline: float) -> RendezvousInfo | None:
         """Exchange round ``r``'s master address; ``None`` if a member was lost meanwhile."""
@@ -866,7 +765,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             )
         wait = max(deadline - self._clock.now(), self._ttl)
         clock = self._clock
-        # Performance: the member check of the round starts here and is the same task that
+        # Performance: the ring check of the round starts here and is the same task that
         # watch_async() later joins, so guarding the exchanges costs no store operation
         # beyond the watch the agent runs anyway (measured with bench/bench_sim.py).
         self._drop_round_watch()
@@ -941,42 +840,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # Redundant nodes wait without a deadline (torch); waiting ones within join.
         timeout = None if self._redundant else max(0.0, deadline - self._clock.now())
         try:
-            await self._wait_round_end(r, members, timeout)
+            await self._wait_end(r, "next", timeout)
         except TimeoutError:
             await self._store.delete(key)
             raise self._timeout_error(r, None) from None
         return self._clock.now() + self._core.join_timeout if self._redundant else deadline
-
-    async def _wait_round_end(
-        self, r: int, members: tuple[str, ...], timeout: float | None
-    ) -> None:
-        """Wait, off the members of complete round ``r``, until the round ends.
-
-        It ends when its ``next`` marker is written or the state moves on — or when a
-        member's lease expires: then this node ends it (``_core``: a member's expiry opens
-        the next round), since every member may be dead and nobody else would.
-        """
-        clock, store = self._clock, self._store
-        state_key, key = self._k("state"), self._ek(r, "next")
-        end = None if timeout is None else clock.now() + timeout
-        while True:
-            rev, snap = await store.snapshot(state_key)
-            if key in snap:
-                return
-            raw = snap.get(state_key)
-            if raw is not None:
-                st = self._parse_state(raw)
-                if st.closed or st.round != r:
-                    return
-                if await self._lost_member(members):
-                    await self._mark_lost(r)
-                    await self._advance(raw, r)
-                    continue
-            left = None if end is None else end - clock.now()
-            if left is not None and left <= 0:
-                raise TimeoutError(f"{key} was not written within {timeout}s")
-            # the whole control prefix: a member's lease expiry is under it too
-            await store.watch(self._c, rev, left)
 
     async def _advance(self, raw_state: bytes, r: int) -> None:
         """End complete round ``r``: open ``r + 1`` (unless someone already did)."""
