@@ -343,6 +343,31 @@ class MemoryStore:
         self._mutated((key,))
         return True
 
+    async def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under ``prefix`` as one mutation (one revision); how many.
+
+        Not part of the Store port (etcd has it as a ranged delete, a TCP store has not):
+        a store that has it lets the rendezvous drop a past round in one operation
+        (:mod:`elastic.rendezvous.dynamic_rendezvous`) instead of one per key.
+        """
+        self._check_open()
+        self.stats.ops += 1
+        keys = self._sorted
+        i = j = bisect.bisect_left(keys, prefix)
+        while j < len(keys) and keys[j].startswith(prefix):
+            j += 1
+        gone = keys[i:j]
+        if not gone:
+            return 0
+        del keys[i:j]
+        for k in gone:
+            del self._data[k]
+            old = self._lease_of.pop(k, None)
+            if old is not None:
+                old._keys.discard(k)
+        self._mutated(gone)
+        return len(gone)
+
     async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
         await self.wait(keys, timeout)
         return [self._data[k] for k in keys]

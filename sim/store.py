@@ -262,6 +262,10 @@ class SimStoreClient:
     async def delete(self, key: str) -> bool:
         return await self._call(self.host.store.delete, key)
 
+    async def delete_prefix(self, prefix: str) -> int:
+        """The host store's one-operation prefix delete (see MemoryStore.delete_prefix)."""
+        return await self._call(self.host.store.delete_prefix, prefix)
+
     async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
         return await self._call(self.host.store.multi_get, keys, timeout)
 

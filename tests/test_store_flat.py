@@ -59,3 +59,28 @@ def test_the_log_keeps_more_history_for_more_keys_and_a_compacted_watch_rereads(
     assert compacted == recent  # the current revision, as etcd answers a compacted one
     assert seen == recent + 1
     assert large >= min(2000 + 7, LOG_PER_KEY * 2000) // 2
+
+
+def test_delete_prefix_drops_a_round_in_one_revision_and_only_that_round(world: str) -> None:
+    # the one-operation delete the rendezvous uses where the store has it: one revision,
+    # one wake-up for a watcher, leased keys leave their lease, r1/ is not r10/
+    async def body(clock: Clock) -> tuple[int, int, list[str], int, int]:
+        store = MemoryStore(clock)
+        lease = await store.grant_lease(30.0)
+        await store.set("c/r1/m/a", b"1", lease=lease)
+        await store.set("c/r1/m/b", b"2", lease=lease)
+        await store.set("c/r1/ev/lost", b"b")
+        await store.set("c/r10/m/a", b"1", lease=lease)
+        await store.set("c/r2/m/a", b"1")
+        rev, _ = await store.snapshot("")
+        watch = clock.spawn(store.watch("c/", rev), name="w")
+        await clock.sleep(0)
+        gone = await store.delete_prefix("c/r1/")
+        woken = await watch.join()
+        after, _ = await store.snapshot("")
+        again = await store.delete_prefix("c/r1/")
+        return gone, after - rev, sorted(store.keys()), woken - rev, again
+
+    gone, revisions, keys, woken, again = run_in(world, body)
+    assert gone == 3 and revisions == 1 and woken == 1 and again == 0
+    assert keys == ["c/r10/m/a", "c/r2/m/a"]

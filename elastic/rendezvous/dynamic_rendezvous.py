@@ -875,8 +875,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
         the deletes wake nobody.  Best effort: a store that is gone or cannot list keys
         keeps them."""
         try:
-            await self._store.delete(self._rk(r, "ev/lost"))
+            drop = getattr(self._store, "delete_prefix", None)
+            if drop is not None:
+                # the whole round (members, wait and redundancy lists, events) in one
+                # operation: every node's own keys of the round go with it
+                await drop(self._rk(r, ""))
+            else:
+                await self._store.delete(self._rk(r, "ev/lost"))
             store = self._round_store
+            drop = getattr(store, "delete_prefix", None)
+            if drop is not None:
+                await drop(f"{self._base}/s/{r}/")
+                return
             _, keys = await store.snapshot(f"{self._base}/s/{r}/")
             for key in sorted(keys):
                 await store.delete(key)
@@ -893,6 +903,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if not stale:
             return
         self._own_keys = [(rk, key) for rk, key in self._own_keys if rk >= r]
+        if hasattr(self._store, "delete_prefix"):
+            # _drop_round deletes whole rounds in one operation, these keys included:
+            # one store operation per round instead of one per node (the simulator's
+            # cost: 38 % of bench_sim's events were these deletes)
+            return
 
         async def drop() -> None:
             try:
