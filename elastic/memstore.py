@@ -335,13 +335,17 @@ class MemoryStore:
         self.stats.ops += 1
         if key not in self._data:
             return False
-        del self._data[key]
         self._unindex(key)
+        self._forget(key)
+        self._mutated((key,))
+        return True
+
+    def _forget(self, key: str) -> None:
+        """Drop ``key``'s value and its lease's hold on it (the sorted index is the caller's)."""
+        del self._data[key]
         old = self._lease_of.pop(key, None)
         if old is not None:
             old._keys.discard(key)
-        self._mutated((key,))
-        return True
 
     async def delete_prefix(self, prefix: str) -> int:
         """Delete every key under ``prefix`` as one mutation (one revision); how many.
@@ -361,10 +365,7 @@ class MemoryStore:
             return 0
         del keys[i:j]
         for k in gone:
-            del self._data[k]
-            old = self._lease_of.pop(k, None)
-            if old is not None:
-                old._keys.discard(k)
+            self._forget(k)
         self._mutated(gone)
         return len(gone)
 

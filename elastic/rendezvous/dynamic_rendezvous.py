@@ -363,11 +363,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._port_chooser = port_chooser
         # where each round's store lives (torch's ``store`` of from_backend); else ``store``
         self._round_store = store if round_store is None else round_store
-        # keys this node wrote in a round, to delete once a later round opens (round,
-        # key); and the background deletes' tasks (referenced while they run)
-        self._own_keys: list[tuple[int, str]] = []
+        # the background delete of a past round (referenced while it runs)
         self._drop_task: Task[None] | None = None
-        self._drop_own_task: Task[None] | None = None
         self._core = CoreSettings(
             settings.min_nodes,
             settings.max_nodes,
@@ -691,9 +688,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         clock, store = self._clock, self._store
         mprefix = self._rk(r, "m/")
         result_key = self._ek(r, "result")
-        self._drop_own_keys(r)
         await store.set(mprefix + self._node, b"", lease=self._lease)
-        self._own_keys.append((r, mprefix + self._node))
         n = await store.add(self._rk(r, "count"), 1)
         logger.info(
             "The node '%s' added itself to the participants of round %s of the rendezvous "
@@ -828,7 +823,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._redundant = role is NodeStatus.REDUNDANT
         key = self._rk(r, "x", self._node) if self._redundant else self._rk(r, "ev/w", self._node)
         await self._store.set(key, b"", lease=self._lease)
-        self._own_keys.append((r, key))
         logger.info(
             "The node '%s' added itself to the %s of round %s of the rendezvous '%s'. "
             "Pending sync.",
@@ -861,62 +855,22 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     self._ek(r - 1, "next"),
                 )
             ]
-            # and round r-1's store: O(members) deletes, off the join's path, by the one
-            # node whose delete removed the result (every member asking again gets here:
-            # compare_set returns the desired state to them too); each node deletes its
-            # own keys of past rounds as it joins (_drop_own_keys)
+            # and the rest of round r-1, off the join's path, by the one node whose
+            # delete removed the result (every member asking again gets here:
+            # compare_set returns the desired state to them too)
             if removed[0]:
                 self._drop_task = self._clock.spawn(self._drop_round(r - 1), name="rdzv-drop-round")
 
     async def _drop_round(self, r: int) -> None:
-        """Delete round ``r``'s store ``s/<r>/`` (addresses, the agents' ranks) and its
-        ``ev/lost``, which nobody reads once round ``r + 1`` is complete: the store stays
-        flat however many times the job restarts.  Nobody watches the round stores, so
-        the deletes wake nobody.  Best effort: a store that is gone or cannot list keys
-        keeps them."""
+        """Delete round ``r``: its keys (members, wait and redundancy lists, events) and
+        its store ``s/<r>/`` (addresses, the agents' ranks), which nobody reads once round
+        ``r + 1`` is complete, so the store stays flat however many times the job
+        restarts.  Best effort: a store that is gone or cannot list keys keeps them."""
         try:
-            drop = getattr(self._store, "delete_prefix", None)
-            if drop is not None:
-                # the whole round (members, wait and redundancy lists, events) in one
-                # operation: every node's own keys of the round go with it
-                await drop(self._rk(r, ""))
-            else:
-                await self._store.delete(self._rk(r, "ev/lost"))
-            store = self._round_store
-            drop = getattr(store, "delete_prefix", None)
-            if drop is not None:
-                await drop(f"{self._base}/s/{r}/")
-                return
-            _, keys = await store.snapshot(f"{self._base}/s/{r}/")
-            for key in sorted(keys):
-                await store.delete(key)
+            await _delete_under(self._store, self._rk(r, ""))
+            await _delete_under(self._round_store, f"{self._base}/s/{r}/")
         except Exception as e:  # nobody joins this task: log, not raise
             logger.debug("round %s's keys were not deleted: %s", r, e)
-
-    def _drop_own_keys(self, r: int) -> None:
-        """Delete, in the background, the keys this node wrote in rounds before ``r``
-        (its ``m/`` entry, its wait or redundancy list entry): leased, they would
-        otherwise live as long as the node.  Called as it joins round ``r``: round
-        ``r - 1`` is complete and its members no longer watch, and the deletes land
-        before round ``r`` completes, when its members start to watch."""
-        stale = [key for rk, key in self._own_keys if rk < r]
-        if not stale:
-            return
-        self._own_keys = [(rk, key) for rk, key in self._own_keys if rk >= r]
-        if hasattr(self._store, "delete_prefix"):
-            # _drop_round deletes whole rounds in one operation, these keys included:
-            # one store operation per round instead of one per node (the simulator's
-            # cost: 38 % of bench_sim's events were these deletes)
-            return
-
-        async def drop() -> None:
-            try:
-                for key in stale:
-                    await self._store.delete(key)
-            except Exception as e:  # nobody joins this task: log, not raise
-                logger.debug("keys %s were not deleted: %s", stale, e)
-
-        self._drop_own_task = self._clock.spawn(drop(), name="rdzv-drop-own")
 
     async def _close(self) -> None:
         while True:
@@ -952,6 +906,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
             f"'{self.get_run_id()}' after join_timeout={self._core.join_timeout:g}s{joined}; "
             "start more nodes or raise join_timeout in --rdzv-conf."
         )
+
+
+async def _delete_under(store: Store, prefix: str) -> None:
+    """Delete every key under ``prefix``: in one operation where the store can
+    (``delete_prefix``: the in-memory store and the simulator's client, where one
+    delete per key cost 38 % of bench_sim's events), else one delete per key."""
+    drop = getattr(store, "delete_prefix", None)
+    if drop is not None:
+        await drop(prefix)
+        return
+    _, keys = await store.snapshot(prefix)
+    for key in sorted(keys):
+        await store.delete(key)
 
 
 def _get_timeout(params: RendezvousParameters, key: str) -> timedelta | None:
