@@ -196,6 +196,23 @@ def test_live_timers_are_capped_and_renewals_still_pass(tmp_path: Path) -> None:
         server.stop()
 
 
+def test_a_renewal_in_the_same_read_as_its_acquire_passes_at_the_cap(tmp_path: Path) -> None:
+    # the live-timer test above failed under load: when the whole pipe is read at once,
+    # the renewal of s0 came in the same read as s0 itself, after the cap was reached by
+    # that read's acquires, and was refused as a new timer (s0 then kept its old expiry)
+    server = _server(tmp_path)
+    me = os.getpid()
+    server.guard.pid_allowed = lambda pid: pid == me  # type: ignore[method-assign]
+    far = time.time() + 3600
+    try:
+        for i in range(MAX_TIMERS):
+            assert server._admit(FileTimerRequest(me, f"s{i}", far, 0))
+        assert not server._admit(FileTimerRequest(me, "one-too-many", far, 0))
+        assert server._admit(FileTimerRequest(me, "s0", far + 1, 0))
+    finally:
+        server.stop()
+
+
 def test_refusals_are_cheap_and_their_warnings_rate_limited(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

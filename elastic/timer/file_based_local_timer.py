@@ -265,7 +265,8 @@ class FileTimerServer:
         self._wfd: int | None = None
         self._buf = b""
         self._discarding = False
-        self._pending = 0  # acquires admitted by the running _drain, not yet registered
+        # acquires admitted by the running _drain, not yet registered: (worker, scope)
+        self._pending: set[tuple[Any, str]] = set()
         self._fifo_id: tuple[int, int] | None = None  # (device, inode) of the pipe we made
         self._make_fifo()
 
@@ -387,7 +388,7 @@ class FileTimerServer:
                 request = parse_line(line)
                 if request is not None and self._admit(request):
                     requests.append(request)
-        self._pending = 0
+        self._pending.clear()
         if requests:
             self.register_timers(requests)
 
@@ -407,8 +408,10 @@ class FileTimerServer:
             return False
         if (
             request.expiration_time >= 0
-            and len(self._timers) + self._pending >= MAX_TIMERS
+            and len(self._timers) + len(self._pending) >= MAX_TIMERS
             and not self._timers.has(request.worker_id, request.scope_id)
+            # a renewal of a timer acquired earlier in the same read is no new timer
+            and (request.worker_id, request.scope_id) not in self._pending
         ):
             _warn.warning(
                 "refusing timer %r of pid %s: %d timers are live (the limit)",
@@ -418,7 +421,7 @@ class FileTimerServer:
             )
             return False
         if request.expiration_time >= 0:
-            self._pending += 1
+            self._pending.add((request.worker_id, request.scope_id))
         return True
 
     # torch's storage API
