@@ -59,7 +59,7 @@ CRASH_AT = 6
 STEPS = 9
 
 JOB = f"""
-import os, time
+import gc, os, time
 T0 = time.monotonic()
 RANK = int(os.environ["RANK"])
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -106,6 +106,11 @@ for step in range(start, {STEPS}):
                        path + ".tmp")
             os.replace(path + ".tmp", path)
         dist.barrier()
+# the DDP reducer before interpreter shutdown (see examples/ddp_gloo.py: left to it,
+# gloo can die in std::terminate at exit), then the group once every rank is done
+del ddp
+gc.collect()
+dist.barrier()
 dist.destroy_process_group()
 """
 
