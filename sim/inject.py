@@ -8,10 +8,17 @@ kind has a handler and every handler a parsed kind.
 
 A handler gets the cluster, the fault, the node it names (None if it names none or one that
 does not exist yet) and the fields of the ``sim.fault`` event it will be logged with, to
-which it may add (``local_rank``, ``nodes``); it returns whether the fault took effect (a
-fault on a node that is down when it fires does not: ``applied: false``).  Handlers only
-act and schedule: anything later (a restart, a heal, the end of an outage) is a task on the
-simulated clock.
+which it may add (``local_rank``, ``nodes``); it returns whether the fault took effect.
+Handlers only act and schedule: anything later (a restart, a heal, the end of an outage)
+is a task on the simulated clock.
+
+A fault aimed at a node that is down when it fires (crashed, left, or not booted yet) is
+a no-op: it is logged once, ``applied: false`` with ``why``, and schedules nothing — no
+second restart of a node whose restart is already pending, no preemption or repair that
+would land on the node's next incarnation.  Two kinds are properties of the machine
+rather than of its running agent, and apply to a down node too: ``slow_node`` (the
+hardware stays slow across a reboot) and ``network_partition`` (the node's link is cut,
+and an agent booted on it during the cut starts cut off).
 """
 
 from __future__ import annotations
@@ -40,27 +47,43 @@ def apply_fault(c: SimCluster, f: Fault, index: int) -> None:
     c.emit("sim.fault", **fields)
 
 
+def _up(f: Fault, node: SimNode | None, fields: dict[str, Any]) -> SimNode | None:
+    """The fault's node if it is up; else None, and why the fault is a no-op in ``fields``."""
+    if node is not None and node.alive:
+        return node
+    fields["why"] = f"node {f.node} is down" if node is not None else f"no node {f.node} yet"
+    return None
+
+
 def _worker_crash(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
-    group = node.workers.group if node is not None and node.alive and node.workers else None
     fields["local_rank"] = lr = f.local_rank or 0
-    if group is None:
+    if (up := _up(f, node, fields)) is None:
         return False
-    return group.crash(lr, f.exit_code if f.exit_code is not None else 1)
+    group = up.workers.group if up.workers else None
+    if group is None or not group.crash(lr, f.exit_code if f.exit_code is not None else 1):
+        fields["why"] = f"node {f.node} runs no worker {lr}"
+        return False
+    return True
 
 
 def _worker_hang(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
-    group = node.workers.group if node is not None and node.alive and node.workers else None
     fields["local_rank"] = lr = f.local_rank or 0
-    return group is not None and group.hang(lr)
+    if (up := _up(f, node, fields)) is None:
+        return False
+    group = up.workers.group if up.workers else None
+    if group is None or not group.hang(lr):
+        fields["why"] = f"node {f.node} runs no worker {lr} that steps"
+        return False
+    return True
 
 
 def _node_crash(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
-    applied = node is not None and node.alive
-    if node is not None:
-        node.crash()
-        if f.restart_after is not None:
-            c.restart_later(node, f.restart_after)
-    return applied
+    if (up := _up(f, node, fields)) is None:
+        return False  # its pending restart, if any, stays the only one
+    up.crash()
+    if f.restart_after is not None:
+        c.restart_later(up, f.restart_after)
+    return True
 
 
 def _node_join(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
@@ -72,17 +95,18 @@ def _node_join(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, 
 
 
 def _node_leave(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
-    applied = node is not None and node.alive
-    if node is not None:
-        c.clock.spawn(node.leave(), name=f"leave-{node.id}")
-    return applied
+    if (up := _up(f, node, fields)) is None:
+        return False
+    c.clock.spawn(up.leave(), name=f"leave-{up.id}")
+    return True
 
 
 def _preemption(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
-    applied = node is not None and node.alive
-    if node is not None:
-        c.clock.spawn(_preempt(node, f.notice or 0.0), name=f"preempt-{node.id}")
-    return applied
+    # a down node gets no notice: else its leave would land on the node's next incarnation
+    if (up := _up(f, node, fields)) is None:
+        return False
+    c.clock.spawn(_preempt(up, f.notice or 0.0), name=f"preempt-{up.id}")
+    return True
 
 
 def _store_outage(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
@@ -117,15 +141,15 @@ def _slow_node(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, 
 
 
 def _gpu_error(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
-    if node is None or not node.alive:
+    if (up := _up(f, node, fields)) is None:
         return False
-    node.gpu_bad = True
-    group = node.workers.group if node.workers else None
+    up.gpu_bad = True
+    group = up.workers.group if up.workers else None
     if group is not None:
         group.crash(f.local_rank or 0, SIGABRT_EXIT)
     if f.restart_after is not None:
         c.pending_starts += 1  # at once: see SimCluster.restart_later
-        c.clock.spawn(_repair(c, node, f.restart_after), name=f"repair-{node.id}")
+        c.clock.spawn(_repair(c, up, f.restart_after), name=f"repair-{up.id}")
     return True
 
 
