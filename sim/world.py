@@ -45,6 +45,9 @@ class SimNode:
         self.handler: RendezvousHandler | None = None
         self.incarnation = 0
         self.gpu_bad = False
+        # the machine's link to the store is cut (a network_partition until its heal): a
+        # property of the node, not of its agent, so an agent booted meanwhile starts cut
+        self.cut = False
 
     def start(self) -> None:
         """Boot the node: a fresh agent with fresh ports."""
@@ -52,6 +55,8 @@ class SimNode:
         self.alive = True
         self.incarnation += 1
         self.store = c.host.client((self.id, self.incarnation))
+        if self.cut:
+            self.store.partition_start()
         self.workers = SimWorkers(self.id, c.training)
         self.handler = c.handler_factory(self)
         spec = WorkerSpec(
