@@ -75,6 +75,7 @@ import psutil
 from elastic.errors import ConfigError
 from elastic.events import AgentEvent, read_events
 from elastic.real import netns
+from sim.cliparse import OneLineParser, seed
 from sim.report import build_report
 from sim.run import start_fields
 from sim.scenario.expand import expand_faults, fault_rng
@@ -661,7 +662,7 @@ def real_run(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="elastic real",
         description="Run a YAML scenario on real processes: one `elastic run` agent per "
         "node on loopback (each in a network namespace of its own when the scenario has a "
@@ -675,7 +676,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="K",
         help="divide every duration of the scenario by K (the report is in scenario time)",
     )
-    p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    p.add_argument("--seed", type=seed, default=None, help="override the scenario's seed")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--events", metavar="FILE", help="write the merged event log here")
     p.add_argument("--keep", metavar="DIR", help="keep the run's files (logs, config) in DIR")
@@ -689,7 +690,7 @@ def main(argv: Sequence[str]) -> int:
     from sim.scenario.reader import load_scenario
 
     args = _parser().parse_args(list(argv))
-    if not args.time_scale > 0:
+    if not 0 < args.time_scale < float("inf"):
         print(f"elastic real: --time-scale: got {args.time_scale}; expected K > 0", file=sys.stderr)
         return 2
     try:
