@@ -30,7 +30,7 @@ from sim.scenario.model import Fault, FaultKind
 from sim.workers import SIGABRT_EXIT
 from sim.world import SimCluster, SimNode
 
-__all__ = ["HANDLERS", "Handler", "apply_fault"]
+__all__ = ["HANDLERS", "Handler", "apply_fault", "not_up"]
 
 Handler = Callable[[SimCluster, Fault, SimNode | None, dict[str, Any]], bool]
 
@@ -47,11 +47,17 @@ def apply_fault(c: SimCluster, f: Fault, index: int) -> None:
     c.emit("sim.fault", **fields)
 
 
+def not_up(node: int, exists: bool) -> str:
+    """Why a fault aimed at ``node`` is a no-op (``why`` of its event; real mode's too)."""
+    return f"node {node} is down" if exists else f"no node {node} yet"
+
+
 def _up(f: Fault, node: SimNode | None, fields: dict[str, Any]) -> SimNode | None:
     """The fault's node if it is up; else None, and why the fault is a no-op in ``fields``."""
     if node is not None and node.alive:
         return node
-    fields["why"] = f"node {f.node} is down" if node is not None else f"no node {f.node} yet"
+    assert f.node is not None  # the scenario's loader requires it for these kinds
+    fields["why"] = not_up(f.node, exists=node is not None)
     return None
 
 
