@@ -197,9 +197,12 @@ class _Run:
     def now(self) -> float:
         return (time.monotonic() - self.t0) * self.k
 
-    def emit(self, kind: str, t: float | None = None, **fields: Any) -> None:
+    def emit(
+        self, kind: str, t: float | None = None, node: int | str = "sim", **fields: Any
+    ) -> None:
+        """Log the runner's event ``kind`` on ``node``, as ``SimCluster.emit`` does."""
         at = self.now() if t is None else t
-        self.events.append(AgentEvent(t=at, node="sim", kind=kind, fields=fields))
+        self.events.append(AgentEvent(t=at, node=node, kind=kind, fields=fields))
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
         """Call ``fn`` at scenario time ``t``."""

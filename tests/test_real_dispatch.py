@@ -99,3 +99,18 @@ def test_a_node_crash_on_a_live_node_schedules_its_restart(
     assert event.fields["applied"] is True and "why" not in event.fields
     assert run.alive[0] is False
     assert spawned == [0] and run.pending_starts == 1 and len(run.actions) == 1
+
+
+def test_a_real_restart_is_logged_on_its_node_as_the_simulator_logs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, spawned = _run(tmp_path, monkeypatch)
+    opened: list[object] = []
+    monkeypatch.setattr(run, "spawn_agent", lambda node: spawned.append(node) or f"agent {node}")
+    monkeypatch.setattr(run, "open_gate", opened.append)
+    realrun._apply(run, Fault(at=60.0, kind=FaultKind.NODE_CRASH, node=0, restart_after=5.0), 0)
+    ((_, _, restart),) = run.actions
+    restart()
+    assert opened == ["agent 0"] and run.pending_starts == 0
+    event = run.events[-1]
+    assert (event.kind, event.node, event.fields) == ("sim.node_restart", 0, {})
