@@ -26,7 +26,6 @@ What is measured (wall seconds; the median of every sample):
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -44,6 +43,7 @@ from typing import Any
 from elastic.errors import ConfigError
 from elastic.events import AgentEvent, kinds
 from sim.calibration import Calibration
+from sim.cliparse import OneLineParser
 from sim.scenario.model import Scenario, StoreSpec
 from sim.scenario.reader import load_scenario_text
 
@@ -205,7 +205,7 @@ def assign_round_trips(sc: Scenario) -> float:
 
 def main(argv: Sequence[str]) -> int:
     """Measure this machine's latencies and write a calibration file for the simulator."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="elastic calibrate",
         description="Measure this machine's latencies (real processes) and write a "
         "calibration file for `elastic sim --calibration` or a scenario's calibration: key.",

@@ -23,11 +23,12 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import IO, Any, NoReturn
+from typing import IO, Any
 
 from elastic.errors import ConfigError
 from elastic.events import FanOutSink
 from sim.calibration import apply_calibration, load_calibration, scenario_calibration
+from sim.cliparse import OneLineParser, seed
 from sim.expect import check
 from sim.losses import summary_rows
 from sim.run import SimResult, simulate
@@ -37,21 +38,14 @@ from sim.scenario.reader import load_scenario
 __all__ = ["main", "report_main"]
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, whose errors are one line (the flag, the value, what was expected)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
-
-
 def _sim_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog="elastic sim",
         description="Run a YAML failure scenario in the simulator, with the real agent code.",
     )
     p.add_argument("scenario", help="the scenario file (YAML)")
     p.add_argument(
-        "--seed", type=_seed, default=None, help="override the scenario's seed (0 to 2**63-1)"
+        "--seed", type=seed, default=None, help="override the scenario's seed (0 to 2**63-1)"
     )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--events", metavar="FILE", help="write the event log (JSON lines) here")
@@ -84,16 +78,6 @@ def _sim_parser() -> argparse.ArgumentParser:
         help="write the scenario back with every fault explicit (rate faults drawn)",
     )
     return p
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text!r}; expected an integer ≥ 0") from None
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"got {text}; expected an integer from 0 to 2**63-1")
-    return value
 
 
 #: The formats ``--plot`` writes, by file extension.
@@ -451,7 +435,7 @@ def main(argv: Sequence[str]) -> int:
 
 def report_main(argv: Sequence[str]) -> int:
     """The report of a real or simulated run, from its saved event log."""
-    p = _Parser(
+    p = OneLineParser(
         prog="elastic report",
         description="Build the run report from a JSON-lines event log "
         "(elastic run --event-log, or elastic sim --events).  Limits: see sim/eventlog.py.",

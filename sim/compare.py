@@ -14,7 +14,6 @@ when everything agrees, 1 when something does not, 2 for bad input.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 from elastic.errors import ConfigError
 from elastic.events import AgentEvent
 from sim.calibration import Calibration, load_calibration, scenario_calibration
+from sim.cliparse import OneLineParser, seed
 from sim.scenario.expand import expand_faults, fault_rng
 from sim.scenario.model import Scenario
 from sim.scenario.reader import load_scenario
@@ -191,14 +191,14 @@ def compare(
 
 def main(argv: Sequence[str]) -> int:
     """Run a scenario in both worlds and print, per fault, the recovery time in each."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="elastic compare",
         description="Run a scenario in the simulator and on real processes with the same "
         "seed; per fault, the recovery time in each world and their ratio.",
     )
     p.add_argument("scenario", help="the scenario file (YAML)")
     p.add_argument("--time-scale", type=float, default=1.0, metavar="K")
-    p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    p.add_argument("--seed", type=seed, default=None, help="override the scenario's seed")
     p.add_argument("--calibration", metavar="FILE", help="default: the scenario's calibration: key")
     p.add_argument("--tolerance", type=float, default=10.0, metavar="PCT")
     p.add_argument("--floor", type=float, default=0.05, metavar="S")

@@ -8,10 +8,17 @@ kind has a handler and every handler a parsed kind.
 
 A handler gets the cluster, the fault, the node it names (None if it names none or one that
 does not exist yet) and the fields of the ``sim.fault`` event it will be logged with, to
-which it may add (``local_rank``, ``nodes``); it returns whether the fault took effect (a
-fault on a node that is down when it fires does not: ``applied: false``).  Handlers only
-act and schedule: anything later (a restart, a heal, the end of an outage) is a task on the
-simulated clock.
+which it may add (``local_rank``, ``nodes``); it returns whether the fault took effect.
+Handlers only act and schedule: anything later (a restart, a heal, the end of an outage)
+is a task on the simulated clock.
+
+A fault aimed at a node that is down when it fires (crashed, left, or not booted yet) is
+a no-op: it is logged once, ``applied: false`` with ``why``, and schedules nothing — no
+second restart of a node whose restart is already pending, no preemption or repair that
+would land on the node's next incarnation.  Two kinds are properties of the machine
+rather than of its running agent, and apply to a down node too: ``slow_node`` (the
+hardware stays slow across a reboot) and ``network_partition`` (the node's link is cut,
+and an agent booted on it during the cut starts cut off).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from sim.scenario.model import Fault, FaultKind
 from sim.workers import SIGABRT_EXIT
 from sim.world import SimCluster, SimNode
 
-__all__ = ["HANDLERS", "Handler", "apply_fault"]
+__all__ = ["HANDLERS", "Handler", "apply_fault", "not_up"]
 
 Handler = Callable[[SimCluster, Fault, SimNode | None, dict[str, Any]], bool]
 
@@ -40,27 +47,49 @@ def apply_fault(c: SimCluster, f: Fault, index: int) -> None:
     c.emit("sim.fault", **fields)
 
 
+def not_up(node: int, exists: bool) -> str:
+    """Why a fault aimed at ``node`` is a no-op (``why`` of its event; real mode's too)."""
+    return f"node {node} is down" if exists else f"no node {node} yet"
+
+
+def _up(f: Fault, node: SimNode | None, fields: dict[str, Any]) -> SimNode | None:
+    """The fault's node if it is up; else None, and why the fault is a no-op in ``fields``."""
+    if node is not None and node.alive:
+        return node
+    assert f.node is not None  # the scenario's loader requires it for these kinds
+    fields["why"] = not_up(f.node, exists=node is not None)
+    return None
+
+
 def _worker_crash(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
-    group = node.workers.group if node is not None and node.alive and node.workers else None
     fields["local_rank"] = lr = f.local_rank or 0
-    if group is None:
+    if (up := _up(f, node, fields)) is None:
         return False
-    return group.crash(lr, f.exit_code if f.exit_code is not None else 1)
+    group = up.workers.group if up.workers else None
+    if group is None or not group.crash(lr, f.exit_code if f.exit_code is not None else 1):
+        fields["why"] = f"node {f.node} runs no worker {lr}"
+        return False
+    return True
 
 
 def _worker_hang(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
-    group = node.workers.group if node is not None and node.alive and node.workers else None
     fields["local_rank"] = lr = f.local_rank or 0
-    return group is not None and group.hang(lr)
+    if (up := _up(f, node, fields)) is None:
+        return False
+    group = up.workers.group if up.workers else None
+    if group is None or not group.hang(lr):
+        fields["why"] = f"node {f.node} runs no worker {lr} that steps"
+        return False
+    return True
 
 
 def _node_crash(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
-    applied = node is not None and node.alive
-    if node is not None:
-        node.crash()
-        if f.restart_after is not None:
-            c.restart_later(node, f.restart_after)
-    return applied
+    if (up := _up(f, node, fields)) is None:
+        return False  # its pending restart, if any, stays the only one
+    up.crash()
+    if f.restart_after is not None:
+        c.restart_later(up, f.restart_after)
+    return True
 
 
 def _node_join(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
@@ -72,17 +101,18 @@ def _node_join(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, 
 
 
 def _node_leave(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
-    applied = node is not None and node.alive
-    if node is not None:
-        c.clock.spawn(node.leave(), name=f"leave-{node.id}")
-    return applied
+    if (up := _up(f, node, fields)) is None:
+        return False
+    c.clock.spawn(up.leave(), name=f"leave-{up.id}")
+    return True
 
 
 def _preemption(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
-    applied = node is not None and node.alive
-    if node is not None:
-        c.clock.spawn(_preempt(node, f.notice or 0.0), name=f"preempt-{node.id}")
-    return applied
+    # a down node gets no notice: else its leave would land on the node's next incarnation
+    if (up := _up(f, node, fields)) is None:
+        return False
+    c.clock.spawn(_preempt(up, f.notice or 0.0), name=f"preempt-{up.id}")
+    return True
 
 
 def _store_outage(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
@@ -97,6 +127,7 @@ def _network_partition(
     targets = [c.nodes[i] for i in (f.nodes or ()) if i in c.nodes]
     fields["nodes"] = [n.id for n in targets]
     for n in targets:
+        n.cut = True  # a node down now boots cut off until the heal (SimNode.start)
         if n.store is not None:
             n.store.partition_start()
         if n.workers is not None and n.workers.group is not None:
@@ -117,15 +148,15 @@ def _slow_node(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, 
 
 
 def _gpu_error(c: SimCluster, f: Fault, node: SimNode | None, fields: dict[str, Any]) -> bool:
-    if node is None or not node.alive:
+    if (up := _up(f, node, fields)) is None:
         return False
-    node.gpu_bad = True
-    group = node.workers.group if node.workers else None
+    up.gpu_bad = True
+    group = up.workers.group if up.workers else None
     if group is not None:
         group.crash(f.local_rank or 0, SIGABRT_EXIT)
     if f.restart_after is not None:
         c.pending_starts += 1  # at once: see SimCluster.restart_later
-        c.clock.spawn(_repair(c, node, f.restart_after), name=f"repair-{node.id}")
+        c.clock.spawn(_repair(c, up, f.restart_after), name=f"repair-{up.id}")
     return True
 
 
@@ -151,7 +182,8 @@ async def _later(c: SimCluster, after: float, fn: Callable[[], object]) -> None:
 
 def _heal(nodes: list[SimNode]) -> None:
     for n in nodes:
-        if n.store is not None:
+        n.cut = False
+        if n.store is not None:  # the client of the node's agent now, maybe a newer one
             n.store.partition_end()
 
 

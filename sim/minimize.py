@@ -18,7 +18,6 @@ and its seed, so the search is deterministic.  ``--max-runs`` bounds the simulat
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic.errors import ConfigError
+from sim.cliparse import OneLineParser
 from sim.expect import Expectation, ExpectedState, check
 from sim.run import simulate
 from sim.scenario.expand import expand_faults, fault_rng
@@ -170,7 +170,7 @@ class Minimizer:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Shrink a scenario whose expectations fail to the smallest that still fails."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="elastic minimize",
         description="Remove faults and nodes from a scenario whose expectations fail, while "
         "the same expectations still fail; write the smallest scenario found.",

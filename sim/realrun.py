@@ -30,6 +30,12 @@ store_outage        SIGSTOP of the store host, SIGCONT ``duration`` later (annou
 network_partition   the nodes' links are cut for ``duration`` (see below)
 ==================  ===========================================================
 
+Each row is one entry of :data:`HANDLERS`, keyed by the same kinds as the simulator's
+table (:data:`sim.inject.HANDLERS`); a kind real mode cannot inject is named in
+:data:`REFUSED` with the reason, and refused before anything starts.  As in the
+simulator, a fault aimed at a node that is down when it fires is a no-op logged once
+(``applied: false``, ``why``): no second restart, no leave after a notice.
+
 A scenario with a ``network_partition`` runs every node (its agent and workers) and the
 store host in a network namespace of its own (:mod:`elastic.real.netns`: a switch the
 runner holds, 198.18.0.0/24, nothing leaves the machine): a cut node's frames, both
@@ -75,14 +81,17 @@ import psutil
 from elastic.errors import ConfigError
 from elastic.events import AgentEvent, read_events
 from elastic.real import netns
+from sim.cliparse import OneLineParser, seed
+from sim.inject import not_up
 from sim.report import build_report
 from sim.run import start_fields
 from sim.scenario.expand import expand_faults, fault_rng
 from sim.scenario.model import Fault, FaultKind, RendezvousBackendName, Scenario
 
-__all__ = ["RealResult", "main", "real_run", "refusal"]
+__all__ = ["HANDLERS", "REFUSED", "RealResult", "main", "real_run", "refusal"]
 
 WORKER_FAULTS = (FaultKind.WORKER_CRASH, FaultKind.WORKER_HANG, FaultKind.SLOW_NODE)
+#: The simulator's fault kinds ``elastic real`` cannot inject, and why (see HANDLERS).
 REFUSED = {
     FaultKind.GPU_ERROR: "this machine's workers run on CPU: there is no GPU to fail",
 }
@@ -118,8 +127,9 @@ def refusal(sc: Scenario, faults: Sequence[Fault]) -> str | None:
             "'c10d' (its store in a process of its own)"
         )
     for f in faults:
-        if f.kind in REFUSED:
-            return f"fault {f.kind.value} at {f.at:g}s: {REFUSED[f.kind]}"
+        if f.kind not in HANDLERS:
+            reason = REFUSED.get(f.kind, "elastic real cannot inject it; use the simulator")
+            return f"fault {f.kind.value} at {f.at:g}s: {reason}"
     for f in faults:
         if f.kind is FaultKind.NETWORK_PARTITION:
             why = netns.available()
@@ -187,9 +197,12 @@ class _Run:
     def now(self) -> float:
         return (time.monotonic() - self.t0) * self.k
 
-    def emit(self, kind: str, t: float | None = None, **fields: Any) -> None:
+    def emit(
+        self, kind: str, t: float | None = None, node: int | str = "sim", **fields: Any
+    ) -> None:
+        """Log the runner's event ``kind`` on ``node``, as ``SimCluster.emit`` does."""
         at = self.now() if t is None else t
-        self.events.append(AgentEvent(t=at, node="sim", kind=kind, fields=fields))
+        self.events.append(AgentEvent(t=at, node=node, kind=kind, fields=fields))
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
         """Call ``fn`` at scenario time ``t``."""
@@ -380,90 +393,154 @@ def _start_store(
     return proc, int(line.rsplit(":", 1)[1])
 
 
+RealHandler = Callable[[_Run, Fault, int, float, dict[str, Any]], bool]
+
+
 def _apply(run: _Run, f: Fault, index: int) -> None:
+    """Inject ``f`` (the ``index``-th fault of the run) and log it as a ``sim.fault`` event,
+    as :func:`sim.inject.apply_fault` does in the simulator."""
     # the fault's time: what follows (signals, kills) takes wall time; a worker's own
     # fault is applied by the worker at its scheduled time, not when this loop wakes
     t = f.at if f.kind in WORKER_FAULTS else run.now()
     fields: dict[str, Any] = {"fault": f.kind.value, "index": index}
     if f.node is not None:
         fields["target"] = f.node
-    applied = True
-    k = f.kind
-    node = f.node
-    if k in (FaultKind.WORKER_CRASH, FaultKind.WORKER_HANG):
-        fields["local_rank"] = f.local_rank or 0
-        applied = node in run.live
-    elif k is FaultKind.SLOW_NODE:
-        pass
-    elif k is FaultKind.NODE_CRASH:
-        assert node is not None
-        a = run.live.get(node)
-        applied = a is not None
-        if a is not None:
-            _kill_tree(a.proc.pid, wait=False)  # reaped by running() and at the end
-            run.alive[node] = False
-        if f.restart_after is not None:
-            run.pending_starts += 1
-            n = node
-            gated = run.spawn_agent(n)  # held at its gate until the restart
-
-            def restart() -> None:
-                run.pending_starts -= 1
-                if not run.alive.get(n):
-                    run.emit("sim.node_restart", node=n)
-                    run.open_gate(gated)
-                else:
-                    _kill_tree(gated.proc.pid, wait=False)
-
-            run.later(f.restart_after, restart)
-    elif k is FaultKind.NODE_JOIN:
-        joining = run.joiners.pop(index)  # started LEAD ahead, at their gates
-        fields["nodes"] = [a.node for a in joining]
-        for a in joining:
-            run.open_gate(a)
-    elif k in (FaultKind.NODE_LEAVE, FaultKind.PREEMPTION):
-        assert node is not None
-        a = run.live.get(node)
-        applied = a is not None
-
-        def leave(a: _Agent | None = a, n: int = node) -> None:
-            if a is not None and a.proc.poll() is None:
-                run.alive[n] = False
-                a.proc.send_signal(signal.SIGTERM)
-
-        if k is FaultKind.PREEMPTION:
-            run.later(f.notice or 0.0, leave)
-        else:
-            leave()
-    elif k is FaultKind.STORE_OUTAGE:
-        # announce it (leases are extended by its length, see netstore_host), then stop
-        (run.dir / "outage").write_text(f"{(f.duration or 0.0) / run.k + OUTAGE_MARGIN}")
-        run.store.send_signal(signal.SIGUSR1)
-        time.sleep(OUTAGE_MARGIN / 2)  # the host handles the announcement first
-        run.store.send_signal(signal.SIGSTOP)
-        run.later(f.duration or 0.0, lambda: run.store.send_signal(signal.SIGCONT))
-    elif k is FaultKind.NETWORK_PARTITION:
-        hosts = run.hosts
-        assert hosts is not None  # refused without namespaces; made when a cut is ahead
-        # the nodes that exist, as the simulator's: a node not yet started has no link
-        targets = sorted(n for n in (f.nodes or ()) if n in run.incarnations)
-        fields["nodes"] = targets
-        cuts = run.dir / "cuts"
-        cuts.mkdir(exist_ok=True)
-        for n in targets:
-            hosts.cut(n)
-            # the model workers' collective learns of it here (see the module docstring)
-            tmp = cuts / f".cut.{n}.{index}"
-            tmp.write_text(json.dumps({"at": t}))
-            os.replace(tmp, cuts / f"cut.{n}.{index}")
-
-        def heal(targets: list[int] = targets) -> None:
-            for n in targets:
-                hosts.heal(n)
-
-        run.later(f.duration or 0.0, heal)
-    fields["applied"] = applied
+    if f.category is not None:
+        fields["category"] = f.category  # from failures: (sim/failures.py), for the report
+    fields["applied"] = HANDLERS[f.kind](run, f, index, t, fields)
     run.emit("sim.fault", t=t, **fields)
+
+
+def _up(run: _Run, f: Fault, fields: dict[str, Any]) -> int | None:
+    """The fault's node if it is up (the simulator's ``SimNode.alive``); else None, and
+    why the fault is a no-op in ``fields``."""
+    node = f.node
+    assert node is not None  # the scenario's loader requires it for these kinds
+    if run.alive.get(node):
+        return node
+    fields["why"] = not_up(node, exists=node in run.alive)
+    return None
+
+
+def _worker_fault(run: _Run, f: Fault, index: int, t: float, fields: dict[str, Any]) -> bool:
+    # the model worker injects it itself (it read its faults from its config); here it is
+    # only logged, applied if a worker of the node can be there to do it
+    if f.kind is not FaultKind.SLOW_NODE:
+        fields["local_rank"] = lr = f.local_rank or 0
+        if (node := _up(run, f, fields)) is None:
+            return False
+        if node not in run.live:
+            fields["why"] = f"node {node} runs no worker {lr}"
+            return False
+    return True  # slow_node: the machine's, down or not, as in the simulator
+
+
+def _node_crash(run: _Run, f: Fault, index: int, t: float, fields: dict[str, Any]) -> bool:
+    if (node := _up(run, f, fields)) is None:
+        return False  # its pending restart, if any, stays the only one
+    a = run.live.get(node)
+    if a is not None:
+        _kill_tree(a.proc.pid, wait=False)  # reaped by running() and at the end
+    run.alive[node] = False
+    if f.restart_after is not None:
+        run.pending_starts += 1
+        gated = run.spawn_agent(node)  # held at its gate until the restart
+
+        def restart() -> None:
+            run.pending_starts -= 1
+            if not run.alive.get(node):
+                run.emit("sim.node_restart", node=node)
+                run.open_gate(gated)
+            else:
+                _kill_tree(gated.proc.pid, wait=False)
+
+        run.later(f.restart_after, restart)
+    return True
+
+
+def _node_join(run: _Run, f: Fault, index: int, t: float, fields: dict[str, Any]) -> bool:
+    joining = run.joiners.pop(index)  # started LEAD ahead, at their gates
+    fields["nodes"] = [a.node for a in joining]
+    for a in joining:
+        run.open_gate(a)
+    return True
+
+
+def _leave(run: _Run, node: int) -> None:
+    """A graceful leave of ``node``, as ``SimNode.leave``: SIGTERM to its agent (which
+    stops its workers and revokes its lease); nothing if the node is down by then."""
+    if not run.alive.get(node):
+        return
+    run.alive[node] = False
+    a = run.live.get(node)
+    if a is not None and a.proc.poll() is None:
+        a.proc.send_signal(signal.SIGTERM)
+
+
+def _node_leave(run: _Run, f: Fault, index: int, t: float, fields: dict[str, Any]) -> bool:
+    if (node := _up(run, f, fields)) is None:
+        return False
+    _leave(run, node)
+    return True
+
+
+def _preemption(run: _Run, f: Fault, index: int, t: float, fields: dict[str, Any]) -> bool:
+    # a down node gets no notice: else its leave would land on the node's next incarnation
+    if (node := _up(run, f, fields)) is None:
+        return False
+    run.later(f.notice or 0.0, functools.partial(_leave, run, node))
+    return True
+
+
+def _store_outage(run: _Run, f: Fault, index: int, t: float, fields: dict[str, Any]) -> bool:
+    # announce it (leases are extended by its length, see netstore_host), then stop
+    (run.dir / "outage").write_text(f"{(f.duration or 0.0) / run.k + OUTAGE_MARGIN}")
+    run.store.send_signal(signal.SIGUSR1)
+    time.sleep(OUTAGE_MARGIN / 2)  # the host handles the announcement first
+    run.store.send_signal(signal.SIGSTOP)
+    run.later(f.duration or 0.0, lambda: run.store.send_signal(signal.SIGCONT))
+    return True
+
+
+def _network_partition(run: _Run, f: Fault, index: int, t: float, fields: dict[str, Any]) -> bool:
+    hosts = run.hosts
+    assert hosts is not None  # refused without namespaces; made when a cut is ahead
+    # the nodes that exist, as the simulator's: a node not yet started has no link; a
+    # node down now is cut too (its namespace is), so an agent booted on it starts cut off
+    targets = sorted(n for n in (f.nodes or ()) if n in run.incarnations)
+    fields["nodes"] = targets
+    cuts = run.dir / "cuts"
+    cuts.mkdir(exist_ok=True)
+    for n in targets:
+        hosts.cut(n)
+        # the model workers' collective learns of it here (see the module docstring)
+        tmp = cuts / f".cut.{n}.{index}"
+        tmp.write_text(json.dumps({"at": t}))
+        os.replace(tmp, cuts / f"cut.{n}.{index}")
+
+    def heal() -> None:
+        for n in targets:
+            hosts.heal(n)
+
+    run.later(f.duration or 0.0, heal)
+    return True
+
+
+#: How ``elastic real`` injects each fault kind, keyed as the simulator's table
+#: (:data:`sim.inject.HANDLERS`); a kind it cannot inject is in :data:`REFUSED` instead,
+#: with the reason :func:`refusal` gives (tests/test_real_dispatch.py checks that every
+#: simulated kind is in exactly one of the two).
+HANDLERS: dict[FaultKind, RealHandler] = {
+    FaultKind.WORKER_CRASH: _worker_fault,
+    FaultKind.WORKER_HANG: _worker_fault,
+    FaultKind.SLOW_NODE: _worker_fault,
+    FaultKind.NODE_CRASH: _node_crash,
+    FaultKind.NODE_JOIN: _node_join,
+    FaultKind.NODE_LEAVE: _node_leave,
+    FaultKind.PREEMPTION: _preemption,
+    FaultKind.STORE_OUTAGE: _store_outage,
+    FaultKind.NETWORK_PARTITION: _network_partition,
+}
 
 
 def _prespawn(run: _Run, index: int, nodes: list[int]) -> None:
@@ -661,7 +738,7 @@ def real_run(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="elastic real",
         description="Run a YAML scenario on real processes: one `elastic run` agent per "
         "node on loopback (each in a network namespace of its own when the scenario has a "
@@ -675,7 +752,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="K",
         help="divide every duration of the scenario by K (the report is in scenario time)",
     )
-    p.add_argument("--seed", type=int, default=None, help="override the scenario's seed")
+    p.add_argument("--seed", type=seed, default=None, help="override the scenario's seed")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--events", metavar="FILE", help="write the merged event log here")
     p.add_argument("--keep", metavar="DIR", help="keep the run's files (logs, config) in DIR")
@@ -689,7 +766,7 @@ def main(argv: Sequence[str]) -> int:
     from sim.scenario.reader import load_scenario
 
     args = _parser().parse_args(list(argv))
-    if not args.time_scale > 0:
+    if not 0 < args.time_scale < float("inf"):
         print(f"elastic real: --time-scale: got {args.time_scale}; expected K > 0", file=sys.stderr)
         return 2
     try:

@@ -28,13 +28,13 @@ Use::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from sim import failures as gen
+from sim.cliparse import OneLineParser
 from sim.durations import DURATION_EXPECTED
 from sim.expect import COUNT_KEYS, EXPECT_KEYS, SECONDS_KEYS, ExpectedState
 from sim.scenario.limits import MAX_EXIT, MAX_FAULTS, MAX_NODES, MAX_NPROC, MAX_SECONDS
@@ -334,7 +334,7 @@ def scenario_schema() -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the JSON Schema of scenario files (for editors' YAML validation and completion)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="elastic schema",
         description="Print the JSON Schema of scenario files, built from the loader's tables.",
     )

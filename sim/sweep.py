@@ -46,6 +46,7 @@ import yaml
 
 from elastic.errors import ConfigError, ElasticError, one_line
 from sim.calibration import apply_calibration, scenario_calibration
+from sim.cliparse import OneLineParser
 from sim.expect import check
 from sim.losses import BUCKETS
 from sim.run import simulate
@@ -355,7 +356,7 @@ def _serve() -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="elastic sweep",
         description="Run a scenario across seeds and settings; print the figures as "
         "distributions (mean, p5, p50, p95) per setting.",

@@ -45,6 +45,9 @@ class SimNode:
         self.handler: RendezvousHandler | None = None
         self.incarnation = 0
         self.gpu_bad = False
+        # the machine's link to the store is cut (a network_partition until its heal): a
+        # property of the node, not of its agent, so an agent booted meanwhile starts cut
+        self.cut = False
 
     def start(self) -> None:
         """Boot the node: a fresh agent with fresh ports."""
@@ -52,6 +55,8 @@ class SimNode:
         self.alive = True
         self.incarnation += 1
         self.store = c.host.client((self.id, self.incarnation))
+        if self.cut:
+            self.store.partition_start()
         self.workers = SimWorkers(self.id, c.training)
         self.handler = c.handler_factory(self)
         spec = WorkerSpec(
@@ -188,14 +193,20 @@ class SimCluster:
 
     def restart_later(self, node: SimNode, after: float) -> None:
         """Boot ``node`` again ``after`` seconds from now (counted as pending at once, so a
-        job whose last node just crashed does not end before its restart)."""
-        self.pending_starts += 1
-        self.clock.spawn(self._restart_later(node, after), name=f"restart-{node.id}")
+        job whose last node just crashed does not end before its restart).
 
-    async def _restart_later(self, node: SimNode, after: float) -> None:
+        The restart belongs to the node's current incarnation: if the node is booted by
+        something else meanwhile (a GPU repair), it is dropped, so a node that a later
+        fault took out after that boot stays out."""
+        self.pending_starts += 1
+        self.clock.spawn(
+            self._restart_later(node, after, node.incarnation), name=f"restart-{node.id}"
+        )
+
+    async def _restart_later(self, node: SimNode, after: float, incarnation: int) -> None:
         try:
             await self.clock.sleep(after)
-            if not node.alive and not self.finished.is_set():
+            if not node.alive and node.incarnation == incarnation and not self.finished.is_set():
                 self.emit("sim.node_restart", node=node.id)
                 self.start_node(node)
         finally:

@@ -1,0 +1,60 @@
+"""A node booted (``restart_after``) while a ``network_partition`` cuts it off starts cut off:
+its fresh store client inherits the cut until the heal (sim/inject.py, sim/world.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from sim.run import simulate
+from sim.scenario import load_scenario_text
+
+
+def _events(faults: list[dict[str, Any]]) -> list[Any]:
+    text = yaml.safe_dump(
+        {
+            "cluster": {"nodes": 2, "nproc_per_node": 2},
+            "job": {"steps": 400, "step_time": "1s", "startup_time": "1s"},
+            "rendezvous": {"min_nodes": 1, "max_nodes": 3},
+            "agent": {"max_restarts": 10},
+            "until": "2h",
+            "faults": faults,
+        }
+    )
+    return list(simulate(load_scenario_text(text), keep_events=True).events)
+
+
+def _node1_after(events: list[Any], t: float, kind: str) -> list[float]:
+    return [e.t for e in events if e.node == 1 and e.kind == kind and e.t >= t]
+
+
+def test_a_node_restarted_during_a_partition_reaches_the_store_only_after_the_heal() -> None:
+    # node 1 crashes at 30 s and boots again at 40 s, inside the cut (35 s .. 135 s)
+    events = _events(
+        [
+            {"at": "30s", "kind": "node_crash", "node": 1, "restart_after": "10s"},
+            {"at": "35s", "kind": "network_partition", "nodes": [1], "duration": "100s"},
+        ]
+    )
+    assert [e.t for e in events if e.kind == "sim.node_restart"] == [40.0]
+    (cut,) = [e.fields for e in events if e.kind == "sim.fault" and e.t == 35.0]
+    assert cut["applied"] is True and cut["nodes"] == [1]
+    # the new agent starts at once, but joins (a store round trip) only once healed
+    assert _node1_after(events, 40.0, "agent.start") == [40.0]
+    joined = _node1_after(events, 40.0, "RENDEZVOUS") + _node1_after(
+        events, 40.0, "agent.group_started"
+    )
+    assert joined, "node 1 must rejoin after the heal"
+    assert min(joined) >= 135.0
+
+
+def test_a_node_restarted_after_the_heal_is_not_cut() -> None:
+    events = _events(
+        [
+            {"at": "30s", "kind": "node_crash", "node": 1, "restart_after": "50s"},
+            {"at": "35s", "kind": "network_partition", "nodes": [1], "duration": "10s"},
+        ]
+    )
+    joined = _node1_after(events, 80.0, "agent.group_started")
+    assert joined and min(joined) < 135.0
