@@ -90,7 +90,7 @@ def main() -> None:
         elif not site:
             site = "(simpy internal)"
         counts[(kind, site)] += 1
-        if (self._now + delay, priority) not in self._open:
+        if (self.now + delay, priority) not in self._open:
             entries[(kind, site)] += 1
         orig(self, event, priority, delay)
 

@@ -44,13 +44,14 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from heapq import heappop, heappush
-from typing import Any, Generic, TypeVar
+from itertools import count
+from typing import Any, Generic, TypeVar, cast
 
 import simpy
 from simpy.core import EmptySchedule, StopSimulation
-from simpy.events import NORMAL, AnyOf, Event, EventPriority, Process
+from simpy.events import NORMAL, URGENT, AnyOf, Event, EventPriority, Process, Timeout
 from simpy.exceptions import Interrupt
 
 from elastic.clock import Cancelled, OneShot, Task, Waitable
@@ -104,7 +105,7 @@ class _SimTask(Task[T], Generic[T]):
         self._outcome = _Outcome.RUNNING
         self._result: T | None = None
         self._exc: BaseException | None = None
-        self._proc = Process(clock.env, self._drive(coro))  # type: ignore[arg-type]
+        self._proc = Process(clock.senv, self._drive(coro))  # type: ignore[arg-type]
 
     async def _drive(self, coro: Coroutine[Any, Any, T]) -> None:
         try:
@@ -161,29 +162,55 @@ class _SimOneShot(OneShot):
         return await _Yield(self._ev)
 
 
-#: the priority of observers' events (after every event of the run at their instant)
+#: the priority of observers' entries (after every event of the run at their instant)
 _ASIDE = EventPriority(2)
 
 
-class _Wake(Event):
+class _Wake(Timeout):
     """One wake-up shared by every sleep that ends at the same time (one Timeout each
-    before): its callbacks are the sleepers' and are run one by one (see :class:`_Env`)."""
+    before): a Timeout whose callbacks are the sleepers' and are run one by one (see
+    :class:`_Env`)."""
 
     __slots__ = ()
 
     def __init__(self, env: _Env, delay: float) -> None:
-        self.env = env
+        super().__init__(_simpy(env), delay)
         # a deque: the sleepers are resumed from its front while it is still the event's
         # callbacks, so a sleeper cancelled by an earlier one is removed from it (as from
         # its own pending Timeout) and not resumed
         self.callbacks = deque()  # type: ignore[assignment]
-        self._ok = True
-        self._value = None
-        env.schedule(self, NORMAL, delay)
 
 
-class _Env(simpy.Environment):
-    """simpy's Environment, scheduling the events due at the same instant together.
+class _Calls(list[Callable[[], None]]):
+    """A queue entry that is no event of the run: calls made when it comes up (progress
+    ticks, the end of ``run(until=<time>)``)."""
+
+    __slots__ = ()
+
+
+def _stop() -> None:
+    raise StopSimulation(None)
+
+
+def _simpy(env: _Env) -> simpy.Environment:
+    """``env`` where simpy's types want its ``Environment`` (see :class:`_Env`'s contract)."""
+    return cast(simpy.Environment, env)
+
+
+class _Env:
+    """A simpy environment of our own that schedules the events due at the same instant
+    together.
+
+    simpy's events and processes are written against an environment's *contract*, not
+    its class (simpy 4.1 has no public base class for environments): an event calls
+    ``env.schedule(event, priority, delay)`` when it is triggered; a ``Process`` reads
+    ``env.active_process`` (an ``Interruption`` refuses a process interrupting itself),
+    and around each step of its generator sets and clears the environment's
+    ``_active_proc``, which ``active_process`` returns (simpy 4.1's process code).  This
+    class meets that contract with its own queue, counter and time (``now``, a plain float
+    attribute), and reads events only through their public API (``callbacks``, ``ok``,
+    ``value``, ``defused``): it never touches simpy's private attributes
+    (tests/test_no_simpy_privates.py).
 
     simpy orders its queue by (time, priority, event id): events with the same time and
     priority run in the order they were scheduled.  This environment keeps one queue
@@ -196,7 +223,7 @@ class _Env(simpy.Environment):
     run them.  An event scheduled at the batch's time and priority while the batch runs
     starts a new entry, after it, as it would have come after every event of the batch.
     The order of everything a run does — its event log — is therefore the same as with
-    simpy's own queue; ``events()`` counts queue entries (simpy's event ids).
+    simpy's own queue; ``events()`` counts queue entries (event ids).
 
     Sleeps go one step further (module docstring, "Shared wake-ups"): a sleep to ``T``
     joins the last event of the batch for ``T`` when that is a wake-up, instead of adding
@@ -207,38 +234,90 @@ class _Env(simpy.Environment):
     """
 
     def __init__(self) -> None:
-        super().__init__(0.0)  # a float from the start: SimClock.now returns it as it is
+        # a float from the start: SimClock.now returns it as it is
+        self.now = 0.0
+        # simpy's contract: a Process sets it while it runs (see the class docstring)
+        self._active_proc: Process | None = None
+        # the queue: (time, priority, id, batch of events, or _Calls)
+        self._entries: list[tuple[float, int, int, list[Any]]] = []
+        self._ids = count()
         # (time, priority) -> the batch of its pending queue entry, open for joining
         self._open: dict[tuple[float, int], list[Event]] = {}
-        self.aside = 0  # queue entries that are not the run's own (progress ticks)
-        # simpy's queue, whose entries here carry batches where simpy's carry events
-        self._entries: list[tuple[float, int, int, list[Event]]] = self._queue  # type: ignore[assignment]
+        self.aside = 0  # queue entries that are not the run's own (progress ticks, stops)
+
+    @property
+    def active_process(self) -> Process | None:
+        """The process whose generator is running (simpy's ``Environment`` API)."""
+        return self._active_proc
+
+    # simpy's Environment API, as far as the simulator uses it
+
+    def timeout(self, delay: float = 0, value: Any = None) -> Timeout:
+        return Timeout(_simpy(self), delay, value)
+
+    def event(self) -> Event:
+        return Event(_simpy(self))
+
+    def any_of(self, events: Iterable[Event]) -> AnyOf:
+        return AnyOf(_simpy(self), events)
+
+    def peek(self) -> float:
+        """The time of the next queue entry (infinity if there is none)."""
+        return self._entries[0][0] if self._entries else float("inf")
+
+    def run(self, until: float | Event | None = None) -> Any:
+        """Step until ``until`` — a time: every event before it, and the urgent ones at it
+        scheduled before this call, as simpy does; an event: until it has been processed,
+        returning its value — or until nothing is left to do."""
+        if isinstance(until, Event):
+            if until.callbacks is None:
+                return until.value
+            until.callbacks.append(StopSimulation.callback)
+        elif until is not None:
+            at = float(until)
+            if at <= self.now:
+                raise ValueError(f"until ({at}) must be greater than the current simulation time")
+            self._push_calls(at, URGENT, _stop)
+        try:
+            while True:
+                self.step()
+        except StopSimulation as stop:
+            return stop.args[0]
+        except EmptySchedule:
+            if until is not None:
+                raise RuntimeError(
+                    f'No scheduled events left but "until" event was not triggered: {until}'
+                ) from None
+        return None
 
     def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: float = 0) -> None:
-        t = self._now + delay
+        t = self.now + delay
         key = (t, priority)
         batch = self._open.get(key)
         if batch is not None:
             batch.append(event)
             return
         batch = self._open[key] = [event]
-        heappush(self._entries, (t, priority, next(self._eid), batch))
+        heappush(self._entries, (t, priority, next(self._ids), batch))
 
-    def schedule_aside(self, event: Event, delay: float) -> None:
-        """Schedule ``event`` after every other event of its instant, in an entry of its own
-        that ``events()`` does not count (for observers such as a progress bar)."""
+    def _push_calls(self, t: float, priority: int, fn: Callable[[], None]) -> None:
         self.aside += 1
-        heappush(self._entries, (self._now + delay, _ASIDE, next(self._eid), [event]))
+        heappush(self._entries, (t, priority, next(self._ids), _Calls([fn])))
+
+    def schedule_aside(self, fn: Callable[[], None], delay: float) -> None:
+        """Call ``fn()`` after every other event of its instant, in an entry of its own
+        that ``events()`` does not count (for observers such as a progress bar)."""
+        self._push_calls(self.now + delay, _ASIDE, fn)
 
     def events(self) -> int:
-        """How many queue entries the run has scheduled (simpy's event ids, without aside)."""
-        n = next(self._eid) - self.aside
+        """How many queue entries the run has scheduled (event ids, without aside)."""
+        n = next(self._ids) - self.aside
         self.aside += 1  # the id this call took is no event
         return n
 
     def wake_after(self, delay: float) -> Event:
         """The event that fires ``delay`` from now, shared with other sleeps to that time."""
-        batch = self._open.get((self._now + delay, NORMAL))
+        batch = self._open.get((self.now + delay, NORMAL))
         if batch is not None:
             last = batch[-1]
             if type(last) is _Wake:
@@ -255,7 +334,11 @@ class _Env(simpy.Environment):
             now, prio, eid, batch = heappop(queue)
         except IndexError:
             raise EmptySchedule from None
-        self._now = now
+        self.now = now
+        if type(batch) is _Calls:
+            for fn in batch:
+                fn()
+            return
         open_ = self._open
         key = (now, prio)
         if open_.get(key) is batch:
@@ -277,22 +360,23 @@ class _Env(simpy.Environment):
                     while queue and queue[0][1] < prio and queue[0][0] == now:
                         self.step()
                 event.callbacks = None  # type: ignore[assignment]
-            else:
-                cbs, event.callbacks = event.callbacks, None  # type: ignore[assignment]
-                for j, callback in enumerate(cbs):
-                    try:
-                        callback(event)
-                    except StopSimulation:
-                        # as simpy: the event's remaining callbacks run first when the
-                        # simulation resumes, then the rest of the batch
-                        event.callbacks = cbs[j + 1 :]
-                        self.schedule(event, EventPriority(-1))
-                        self._stopped(now, prio, eid, batch[i + 1 :])
-                        raise
-            if not event._ok and not hasattr(event, "_defused"):
+                continue  # a wake-up never fails
+            cbs, event.callbacks = event.callbacks, None
+            for j, callback in enumerate(cbs):
+                try:
+                    callback(event)
+                except StopSimulation:
+                    # as simpy: the event's remaining callbacks run first when the
+                    # simulation resumes, then the rest of the batch
+                    event.callbacks = cbs[j + 1 :]
+                    self.schedule(event, EventPriority(-1))
+                    self._stopped(now, prio, eid, batch[i + 1 :])
+                    raise
+            if not event.ok and not event.defused:
                 # The event failed and nobody defused it: crash the run, as simpy does.
-                exc = type(event._value)(*event._value.args)
-                exc.__cause__ = event._value
+                failure: BaseException = event.value
+                exc = type(failure)(*failure.args)
+                exc.__cause__ = failure
                 raise exc
 
 
@@ -300,7 +384,10 @@ class SimClock:
     """The Clock port on a simpy Environment (simulated seconds)."""
 
     def __init__(self, env: simpy.Environment | None = None) -> None:
-        self.env = env if env is not None else _Env()
+        # our own environment; a plain simpy one is for comparisons (tests)
+        self.env: _Env | simpy.Environment = env if env is not None else _Env()
+        # the same object, where simpy's constructors want an Environment
+        self.senv = cast(simpy.Environment, self.env)
         self.unobserved: list[tuple[str, BaseException]] = []
         wake_after = getattr(self.env, "wake_after", None)
         self._wake_after = wake_after if wake_after is not None else self.env.timeout
@@ -312,22 +399,18 @@ class SimClock:
         if not isinstance(env, _Env):
             raise TypeError("every() needs the SimClock's own environment")
 
-        def tick(_: Event) -> None:
+        def tick() -> None:
             fn(self.now())
-            arm()
+            env.schedule_aside(tick, period)
 
-        def arm() -> None:
-            ev = Event(env)
-            ev.callbacks.append(tick)
-            ev._ok, ev._value = True, None  # as a Timeout is made
-            env.schedule_aside(ev, period)
-
-        arm()
+        env.schedule_aside(tick, period)
 
     def events(self) -> int:
         """How many events the run has scheduled (queue entries; see :class:`_Env`)."""
         env = self.env
-        return env.events() if isinstance(env, _Env) else next(env._eid)
+        if not isinstance(env, _Env):
+            raise TypeError("events() needs the SimClock's own environment")
+        return env.events()
 
     def _observed(self, exc: BaseException) -> None:
         self.unobserved = [(n, e) for (n, e) in self.unobserved if e is not exc]
@@ -336,7 +419,7 @@ class SimClock:
         env = self.env
         # Performance: called a few times per store operation of every agent; on the
         # clock's own environment the time is already a float (see _Env.__init__)
-        return env._now if type(env) is _Env else float(env.now)
+        return env.now if type(env) is _Env else float(env.now)
 
     async def sleep(self, seconds: float) -> None:
         await _Yield(self._wake_after(max(0.0, seconds)))
@@ -351,7 +434,7 @@ class SimClock:
         return _SimTask(self, coro, name)
 
     def event(self) -> OneShot:
-        return _SimOneShot(self.env)
+        return _SimOneShot(self.senv)
 
     def wrap(self, ev: Event) -> OneShot:
         """A OneShot view of a raw simpy event (for the simulator's own models)."""
@@ -389,7 +472,7 @@ class SimClock:
         for i, w in enumerate(waitables):  # lowest index wins ties
             if self._is_done(w):
                 return i, self._value_of(w)
-        await _Yield(AnyOf(self.env, [self.event_of(w) for w in waitables]))
+        await _Yield(AnyOf(self.senv, [self.event_of(w) for w in waitables]))
         for i, w in enumerate(waitables):
             if self._is_done(w):
                 return i, self._value_of(w)
@@ -399,7 +482,7 @@ class SimClock:
         task = _SimTask(self, coro, "timeout")
         deadline = self._wake_after(max(0.0, seconds))
         try:
-            await _Yield(AnyOf(self.env, [task._proc, deadline]))
+            await _Yield(AnyOf(self.senv, [task._proc, deadline]))
         except Cancelled:
             task.cancel()
             raise

@@ -207,6 +207,17 @@ class ReportSink:
         self.faults: dict[str, int] = {}
 
     def emit(self, e: AgentEvent) -> None:
+        if e.kind == kinds.WORKER_START:
+            # Performance: half of a large run's events (one per worker per start), and
+            # none of the report's parts reads them but to count them (causes, lost time
+            # and recoveries ignore the kind; tests/test_report_fastpath.py checks it)
+            self.count += 1
+            t = e.t
+            if self.t0 is None:
+                self.t0 = t
+            self.last_t = (t if t > self.last_t else self.last_t) if self.count > 1 else t
+            self.nodes.add(e.node)
+            return
         self.count += 1
         self.causes.see(e)
         self.losses.see(e)

@@ -198,7 +198,7 @@ def simulate(
         progress(0.0, sc.until)
         clock.every(sc.until / PROGRESS_TICKS, lambda now: progress(now, sc.until))
     with quiet_gc():  # the collector took half the CPU at 2,048 nodes (sim/gcpause.py)
-        clock.env.run(until=AnyOf(clock.env, [clock.event_of(cluster.finished), deadline]))
+        clock.env.run(until=AnyOf(clock.senv, [clock.event_of(cluster.finished), deadline]))
     reason = "done" if cluster.finished.is_set() else "until"
     unobserved = [f"{n}: {type(e).__name__}: {e}" for n, e in clock.unobserved]
     cluster.emit(
