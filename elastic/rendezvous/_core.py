@@ -270,6 +270,7 @@ class Rendezvous(Record):
         closed_round_phase: Phase | None = None,
         crashed: set[str] | None = None,
         pending: set[str] | None = None,
+        decider: str | None = None,
     ) -> None:
         self.settings = settings
         self.round = round
@@ -283,7 +284,7 @@ class Rendezvous(Record):
         self.closed_round_phase = closed_round_phase
         self.crashed = set() if crashed is None else crashed
         self.pending = set() if pending is None else pending
-        self.decider: str | None = None
+        self.decider = decider
 
     def status(self, node: str) -> NodeStatus:
         if node in self.joined:
