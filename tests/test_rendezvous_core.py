@@ -24,7 +24,6 @@ from elastic.rendezvous._core import (
     Rendezvous,
     Trigger,
     choose_members,
-    first_attempt_at,
 )
 
 NODES = [f"n{i}" for i in range(8)]
@@ -296,12 +295,32 @@ def test_same_membership_gives_same_ranks_whatever_the_arrival_order() -> None:
     assert choose_members(["b", "c", "a"], ["c"], s, last_call_passed=False) == ("a", "b", "c")
 
 
-def test_first_attempt_is_never_below_min_at_once_at_max_else_after_last_call() -> None:
-    s = CoreSettings(2, 4, last_call_timeout=30.0)
-    assert first_attempt_at(1, 5.0, s) is None
-    assert first_attempt_at(2, 5.0, s) == 35.0
-    assert first_attempt_at(4, 5.0, s) == 5.0
-    assert first_attempt_at(9, 5.0, s) == 5.0
+def test_a_pending_node_keeps_its_seat_in_a_full_round() -> None:
+    s = CoreSettings(1, 2)
+    # x was a member; its seat is kept while it may still rejoin
+    assert choose_members(["a", "y"], ["x", "y"], s, last_call_passed=True, pending=["x"]) is None
+    # a pending node that would not get a seat holds nothing
+    assert choose_members(["x", "y"], ["x", "y"], s, last_call_passed=False, pending=["a"]) == (
+        "x",
+        "y",
+    )
+    # below max_nodes the last call admits who joined; the pending node comes late
+    assert choose_members(["y"], ["x", "y"], s, last_call_passed=True, pending=["x"]) == ("y",)
+
+
+def test_a_crashed_member_is_pending_in_the_next_round_until_its_lease_expires() -> None:
+    r = Rendezvous(CoreSettings(1, 2, last_call_timeout=30.0))
+    r.join("a", 0.0)
+    r.join("b", 0.0)  # full: complete
+    r.join("c", 1.0)  # redundant
+    r.crash("b", 2.0)
+    r.join("a", 3.0)  # a restarts its group: a, c join; b is pending, its seat kept
+    assert r.phase is Phase.OPEN and r.status("b") is NodeStatus.PENDING
+    assert sorted(r.joined) == ["a", "c"]
+    actions = r.leave("b", 17.5)  # b's lease expires: the spare takes its seat
+    assert actions[-1].kind is ActionKind.COMPLETED and actions[-1].members == ("a", "c")
+    r.join("b", 20.0)  # a new incarnation of b: alive again, redundant
+    assert r.status("b") is NodeStatus.REDUNDANT and "b" not in r.crashed
 
 
 def test_illegal_transition_names_the_event_node_and_phase() -> None:

@@ -18,27 +18,42 @@ by :meth:`Rendezvous.close`.  The rules are torch's (``dynamic_rendezvous.py``):
 * an open round completes at once when ``max_nodes`` have joined, or when at least
   ``min_nodes`` have joined and the *last-call deadline* has passed; the deadline is set
   ``last_call_timeout`` after the count reached ``min_nodes`` and cleared when the count
-  drops below it again;
+  drops below it again; completing is an act of a live joiner (torch: a participant
+  marks the round complete), so a round whose joiners all crashed waits for a live one;
+* a decision that falls due and cannot be made yet (a full round holding a pending
+  seat, or fewer than ``min_nodes`` joiners when the last call ended) is held by one
+  joiner, the *decider* (``decider``; which live joiner is a race in the driver, so the
+  caller names it): while the decider is crashed the round waits, and when its lease
+  expires (:meth:`Rendezvous.leave`) the decision passes to a live joiner at once;
 * a node arriving at a complete round goes to the *wait list* if the round has room
   (fewer than ``max_nodes`` members; members then see ``nodes_waiting`` and restart), or
   else to the *redundancy list*, where it waits without a deadline for a place to free;
-* a member asking for a new round (its group restarts), or a member's death, opens the
-  next round; every live member, waiting and redundant node joins it;
+* a member asking for a new round (its group restarts), or a member's lease expiring,
+  opens the next round; every live member, waiting and redundant node joins it at once;
 * a node that crashed (:meth:`Rendezvous.crash`) stops acting at once — it joins no
   further round — but what it wrote stays until its lease expires (:meth:`Rendezvous.leave`):
   until then it still counts where it had joined, as its leased keys do in the store;
+  a crashed node that the next round expects (a member, waiting or redundant node of the
+  round that ended) is *pending* there until its lease expires: nobody can tell it from
+  a live node that has not rejoined yet, so its seat is kept (see the rank rule);
+* a node joining (a new incarnation after its old lease expired) is alive again;
 * a node that joined an open round and is not in a complete one ``join_timeout`` later
   times out.
 
-Three functions are shared with the distributed driver, so what the property tests pin
+Two functions are shared with the distributed driver, so what the property tests pin
 here is what the driver decides: :func:`choose_members` (who is admitted and in which
-rank order), :func:`arrival_role` (wait list or redundancy list) and
-:func:`first_attempt_at` (when a joiner tries to complete the round).
+rank order, and whether a pending node's seat holds the round) and :func:`arrival_role`
+(wait list or redundancy list).  The driver keeps the last-call deadline in the store
+(a key on a lease of ``last_call_timeout`` that nobody renews), so it belongs to the
+round, as here, and not to a joiner.
 
 Rank rule: ranks are the members sorted by node id.  Same membership ⇒ same ranks, in
 every round, on every node, with no history needed.  When more live nodes want in than
 ``max_nodes``, the members of the previous round are admitted first (a hot spare never
-evicts a healthy member), then the others by node id.
+evicts a healthy member; a member lost in that round is one of them, should it come
+back), then the others by node id; and while a node the round expects
+is pending, a round that is full without it waits for it (it rejoins, or its lease
+expires) if it would take one of the seats.
 """
 
 from __future__ import annotations
@@ -59,7 +74,6 @@ __all__ = [
     "Rendezvous",
     "arrival_role",
     "choose_members",
-    "first_attempt_at",
 ]
 
 
@@ -96,6 +110,7 @@ class Phase(enum.Enum):
 class NodeStatus(enum.Enum):
     ABSENT = "absent"
     JOINED = "joined"  # in the open round, not yet admitted
+    PENDING = "pending"  # expected in the open round, crashed, lease not yet expired
     MEMBER = "member"  # admitted to the complete round
     WAITING = "waiting"  # wait list of the complete round (it has room)
     REDUNDANT = "redundant"  # redundancy list (the round is full)
@@ -173,41 +188,32 @@ def choose_members(
     settings: CoreSettings,
     *,
     last_call_passed: bool,
+    pending: Iterable[str] = (),
 ) -> tuple[str, ...] | None:
     """The members of a round, in rank order, or ``None`` if it must not complete yet.
 
     Completes with ``max_nodes`` members as soon as that many are live; with every live
     node (at least ``min_nodes``) once the last call passed.  Previous members are
     admitted first, then the others by node id; ranks are the admitted sorted by id.
+    ``pending`` are nodes the round expects that have not joined (they may be alive):
+    a full round waits while one of them would take a seat.
     """
     nodes = set(live)
     if len(nodes) < settings.min_nodes:
         return None
     if len(nodes) < settings.max_nodes and not last_call_passed:
         return None
-    prev = [n for n in previous if n in nodes]
-    prev_set = set(prev)
-    ordered = sorted(prev) + sorted(nodes - prev_set)
-    return tuple(sorted(ordered[: settings.max_nodes]))
+    prev_set = set(previous)
+    waiting_for = set(pending) - nodes
+    ordered = sorted(prev_set & (nodes | waiting_for)) + sorted((nodes | waiting_for) - prev_set)
+    if len(nodes) >= settings.max_nodes and waiting_for & set(ordered[: settings.max_nodes]):
+        return None
+    return tuple(sorted([n for n in ordered if n in nodes][: settings.max_nodes]))
 
 
 def arrival_role(members: int, settings: CoreSettings) -> NodeStatus:
     """Where a node arriving at a complete round of ``members`` goes."""
     return NodeStatus.WAITING if members < settings.max_nodes else NodeStatus.REDUNDANT
-
-
-def first_attempt_at(join_index: int, joined_at: float, settings: CoreSettings) -> float | None:
-    """When the ``join_index``-th joiner (1-based) first tries to complete the round.
-
-    ``None`` below ``min_nodes``: a later joiner decides.  At ``max_nodes`` and beyond:
-    at once.  In between: when its last call ends — the ``min_nodes``-th joiner's
-    deadline is torch's last-call deadline; later joiners are fail-overs.
-    """
-    if join_index < settings.min_nodes:
-        return None
-    if join_index >= settings.max_nodes:
-        return joined_at
-    return joined_at + settings.last_call_timeout
 
 
 # -- the reference state machine ------------------------------------------------------
@@ -225,8 +231,10 @@ class Rendezvous(Record):
         "closed_round_phase",
         "crashed",
         "deadline",
+        "decider",
         "joined",
         "members",
+        "pending",
         "phase",
         "previous",
         "redundancy_list",
@@ -245,6 +253,8 @@ class Rendezvous(Record):
     deadline: float | None
     closed_round_phase: Phase | None
     crashed: set[str]
+    pending: set[str]
+    decider: str | None
 
     def __init__(
         self,
@@ -259,6 +269,8 @@ class Rendezvous(Record):
         deadline: float | None = None,
         closed_round_phase: Phase | None = None,
         crashed: set[str] | None = None,
+        pending: set[str] | None = None,
+        decider: str | None = None,
     ) -> None:
         self.settings = settings
         self.round = round
@@ -271,10 +283,14 @@ class Rendezvous(Record):
         self.deadline = deadline
         self.closed_round_phase = closed_round_phase
         self.crashed = set() if crashed is None else crashed
+        self.pending = set() if pending is None else pending
+        self.decider = decider
 
     def status(self, node: str) -> NodeStatus:
         if node in self.joined:
             return NodeStatus.JOINED
+        if node in self.pending:
+            return NodeStatus.PENDING
         if node in self.wait_list:
             return NodeStatus.WAITING
         if node in self.redundancy_list:
@@ -307,6 +323,11 @@ class Rendezvous(Record):
         handler = _TABLE.get((self.phase, status, event))
         if handler is None:
             raise IllegalTransition(self.phase, status, event, node)
+        if event is Trigger.LEAVE and node == self.decider:
+            self.decider = None  # its claim expires with its lease: another takes over
+        if event is Trigger.JOIN:
+            # a node that joins is alive: a new incarnation after its old lease expired
+            self.crashed.discard(node)
         out = handler(self, node, now)
         if event is Trigger.LEAVE:
             self.crashed.discard(node)  # gone for good: a new incarnation may join
@@ -314,16 +335,28 @@ class Rendezvous(Record):
 
     # -- transitions (only called through the tables) -------------------------------
     def _add(self, node: str, now: float) -> list[Action]:
-        self.joined[node] = now
-        out = [Action(ActionKind.JOINED, node, self.round)]
+        return self._add_all([node], now) + self._maybe_complete(now)
+
+    def _add_all(self, nodes: Iterable[str], now: float) -> list[Action]:
+        out = []
+        for node in nodes:
+            self.pending.discard(node)
+            self.joined[node] = now
+            out.append(Action(ActionKind.JOINED, node, self.round))
         if len(self.joined) >= self.settings.min_nodes and self.deadline is None:
             self.deadline = now + self.settings.last_call_timeout
             out.append(Action(ActionKind.DEADLINE_SET, round=self.round, at=self.deadline))
-        return out + self._maybe_complete(now)
+        return out
 
     def _maybe_complete(self, now: float) -> list[Action]:
+        if not self.joined.keys() - self.crashed:
+            return []  # completing is an act: no live joiner, nobody to do it
+        if self.decider in self.crashed:
+            return []  # the decider died holding the decision: it waits for its expiry
         passed = self.deadline is not None and now >= self.deadline
-        chosen = choose_members(self.joined, self.previous, self.settings, last_call_passed=passed)
+        chosen = choose_members(
+            self.joined, self.previous, self.settings, last_call_passed=passed, pending=self.pending
+        )
         if chosen is None:
             return []
         left_out = sorted(set(self.joined) - set(chosen))
@@ -331,6 +364,8 @@ class Rendezvous(Record):
         self.members = chosen
         self.deadline = None
         self.joined = {}
+        self.pending = set()
+        self.decider = None
         out = [Action(ActionKind.COMPLETED, round=self.round, members=chosen)]
         for n in left_out:
             out += self._arrive_late(n, now)
@@ -344,6 +379,10 @@ class Rendezvous(Record):
             out.append(Action(ActionKind.DEADLINE_CLEARED, round=self.round))
         return out
 
+    def _leave_joined(self, node: str, now: float) -> list[Action]:
+        # fewer joiners may unblock a full round that waited for a pending seat
+        return self._remove_joined(node, now) + self._maybe_complete(now)
+
     def _arrive_late(self, node: str, now: float) -> list[Action]:
         if arrival_role(len(self.members), self.settings) is NodeStatus.WAITING:
             self.wait_list.add(node)
@@ -352,8 +391,11 @@ class Rendezvous(Record):
         return [Action(ActionKind.REDUNDANT, node, self.round)]
 
     def _open_next(self, now: float, rejoining: Iterable[str]) -> list[Action]:
-        """The complete round ends; everyone still interested joins the next one."""
-        nodes = sorted((set(rejoining) | self.wait_list | self.redundancy_list) - self.crashed)
+        """The complete round ends; everyone still interested joins the next one, at once.
+
+        The crashed among them are pending until their leases expire.
+        """
+        expected = set(rejoining) | self.wait_list | self.redundancy_list
         self.previous = self.members
         self.round += 1
         self.phase = Phase.OPEN
@@ -361,22 +403,25 @@ class Rendezvous(Record):
         self.wait_list = set()
         self.redundancy_list = set()
         self.deadline = None
+        self.decider = None
+        self.pending = expected & self.crashed
         out = [Action(ActionKind.ROUND_OPENED, round=self.round)]
-        for n in nodes:
-            if self.phase is Phase.OPEN:
-                out += self._add(n, now)
-            else:
-                out += self._arrive_late(n, now)
-        return out
+        out += self._add_all(sorted(expected - self.crashed), now)
+        return out + self._maybe_complete(now)
 
     def _member_restarts(self, node: str, now: float) -> list[Action]:
         return self._open_next(now, self.members)
 
     def _member_lost(self, node: str, now: float) -> list[Action]:
+        # the lost member stays a *previous* member of the next round: if it comes back
+        # (a new incarnation) it is admitted first, as the round's result still lists it
         survivors = [m for m in self.members if m != node]
-        self.members = tuple(survivors)
         lost = Action(ActionKind.PEER_LOST, node, self.round)
         return [lost, *self._open_next(now, survivors)]
+
+    def _unpend(self, node: str, now: float) -> list[Action]:
+        self.pending.discard(node)
+        return [Action(ActionKind.REMOVED, node, self.round), *self._maybe_complete(now)]
 
     def _unlist(self, node: str, now: float) -> list[Action]:
         self.wait_list.discard(node)
@@ -389,6 +434,7 @@ class Rendezvous(Record):
 
     def _closed_leave(self, node: str, now: float) -> list[Action]:
         self.joined.pop(node, None)
+        self.pending.discard(node)
         self.wait_list.discard(node)
         self.redundancy_list.discard(node)
         return [Action(ActionKind.REMOVED, node, self.round)]
@@ -417,7 +463,9 @@ _GlobalHandler = Callable[[Rendezvous, float], list[Action]]
 # (phase, status of the node, event) -> transition.  Anything else is illegal.
 _TABLE: dict[tuple[Phase, NodeStatus, Trigger], _NodeHandler] = {
     (Phase.OPEN, NodeStatus.ABSENT, Trigger.JOIN): Rendezvous._add,
-    (Phase.OPEN, NodeStatus.JOINED, Trigger.LEAVE): Rendezvous._remove_joined,
+    (Phase.OPEN, NodeStatus.JOINED, Trigger.LEAVE): Rendezvous._leave_joined,
+    (Phase.OPEN, NodeStatus.PENDING, Trigger.JOIN): Rendezvous._add,
+    (Phase.OPEN, NodeStatus.PENDING, Trigger.LEAVE): Rendezvous._unpend,
     (Phase.COMPLETE, NodeStatus.ABSENT, Trigger.JOIN): Rendezvous._arrive_late,
     (Phase.COMPLETE, NodeStatus.MEMBER, Trigger.JOIN): Rendezvous._member_restarts,
     (Phase.COMPLETE, NodeStatus.MEMBER, Trigger.LEAVE): Rendezvous._member_lost,

@@ -9,42 +9,66 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
   ``compare_set`` only when a round ends or the rendezvous closes.  Never per heartbeat.
 * ``alive/<node>`` — attached to the node's lease: liveness without heartbeat writes.
 * ``r<r>/m/<node>`` (leased) and ``r<r>/count`` — joining round ``r`` is one ``set`` and
-  one ``add``; ``add`` tells the joiner its arrival index ``n``.
+  one ``add`` (the arrival index ``n``; with ``min_nodes < max_nodes`` the add comes
+  first and the ``m/`` value is ``n``, so an arrival past ``min_nodes`` can count the
+  live joiners before it with one read).
+* ``state/r<r>/lc`` — round ``r``'s last call, running: set by the arrival that brings
+  the live joiners to ``min_nodes``, on a lease of ``last_call_timeout`` that nobody
+  renews, so the deadline is the round's (torch's ``state.deadline``) and the store ends
+  it at one instant for everyone.  A drop below ``min_nodes`` clears it in effect: the
+  arrival that brings the count back arms a new one.
+* ``state/r<r>/dec`` — the round's one *decider*: the live joiner that won
+  ``compare_set(None → node)`` when a decision fell due (the last call ended) or was
+  held (a full round keeping a pending seat, or below ``min_nodes`` after the last
+  call), then attached to its lease.  Only it reads the joiners and decides; if it dies
+  the key goes with its lease and the next live joiner takes it over, so a dead decider
+  delays the round by at most its lease.
 * ``state/r<r>/result`` — the members of round ``r`` in rank order, written once with
-  ``compare_set(None → …)`` by the *decider*: the joiner whose ``n`` reaches
-  ``max_nodes`` (at once) or whose last call ends with ``≥ min_nodes`` live joiners
-  (the ``min_nodes``-th joiner holds torch's last-call deadline; later joiners are
-  fail-overs in case it dies).  Everyone else waits on this one key: a rendezvous of
-  N nodes costs O(N) store operations and bytes in total, O(1) per node.
-* ``r<r>/ev/w/<node>`` (leased) — a late arrival on the wait list; ``r<r>/x/<node>`` —
-  on the redundancy list; ``r<r>/ev/lost`` — a member saw its ring successor's lease
-  expire.  ``state/r<r>/next`` — the round is over (next round number, or closed): what
-  waiting and redundant nodes wait on.
+  ``compare_set(None → …)`` by the decider, or at once by the arrival that brings the
+  live joiners to ``max_nodes``.  Before writing it the decider deletes the ``m/`` keys
+  of the joiners it left out, so from then on ``r<r>/m/`` holds the members only.
+* ``r<r>/ev/<node>`` (leased) — a late arrival on the wait list; ``x/r<r>/<node>``
+  (leased) — on the redundancy list.
+* ``r<r>/m/`` itself (the members' prefix, no node: node ids are never empty) — the end
+  marker: the round is over (next round number, or closed).
 
-Ending a round (or closing) is two writes: the ``state``, then the end marker.  The
-markers live under the ``state`` key's own prefix, and a node waiting for one
-(:meth:`DynamicRendezvousHandler._wait_end`) watches that prefix: it wakes on the marker
-*or* on the state moving on, so a node that dies between its two writes strands nobody.
-The prefix changes only when a round is decided, ends or closes: O(1) wake-ups per
-waiter per round.
+Invariants (each O(1) per node per round; the decider's reads are O(N), once)
+------------------------------------------------------------------------------
+* A joiner waits on the ``state`` key's prefix (state, result, lc, dec): O(1) keys, and
+  it changes O(1) times a round.  At the last call's end every live joiner makes one
+  ``compare_set``; one decides.
+* A member watches ``r<r>/`` (``r<r>/m/`` alone while the ranks are exchanged), a wait
+  or redundant node ``r<r>/m/``: after the decision those prefixes change only when a
+  member's key goes (its lease expired, or it left), a node arrives on the wait list,
+  or the round ends.  So a wake that neither the state, the end marker nor a wait-list
+  key explains *is* a member lost: no member check, no ring — every member's expiry is
+  seen by every live node at once, whoever else is dead, and a wait or redundant node
+  ends the round itself (every member may be dead).  A node parking on a complete round
+  reads ``r<r>/m/`` once (a member may have died before it came).
+* Ending a round (or closing) is two writes: the ``state``, then the end marker.  A node
+  that dies between them strands nobody for longer than a lease: the others wake when
+  its own ``m/`` key goes, and find the state moved on.
+* A store that compacts its history may wake a watch spuriously ("maybe changed", as
+  etcd reports a compacted revision); a member then reads that as a member lost and the
+  round restarts once.  The in-memory store keeps at least 16 mutations per live key.
 
-Members of a complete round watch the control prefix; each checks only its successor
-in rank order (a ring), so a death costs O(N) wake-ups in total, and the one who sees
-it writes ``ev/lost`` for the others.  Nothing polls; nothing is pickled; every value
-read is checked against its schema and a corrupt one raises
-:class:`RendezvousStateError` naming the key.
+Nothing polls; nothing is pickled; every value read is checked against its schema and a
+corrupt one raises :class:`RendezvousStateError` naming the key.  The decisions are the
+model's (:mod:`elastic.rendezvous._core`): ``tests/test_rendezvous_model_vs_driver.py``
+runs both side by side — crashes anywhere, restarts, full rounds and spares, closes —
+and fails on any difference.
 
 A round may be decided with a member that has just died: its leased keys outlive it by
 the lease's time-to-live.  So while a member exchanges the round's master address (and
 while the agent exchanges ranks, :meth:`DynamicRendezvousHandler.watch_members_async`),
-it also runs the ring check above: when a member's lease expires, the round ends
+it also watches the members as above: when a member's lease expires, the round ends
 (``peer_lost``) and the survivors join the next one, instead of waiting for the dead
 member's address until their join timeout.
 
 Each round has its own store, ``elastic/rdzv/<run_id>/s/<r>/`` (a :class:`PrefixStore`),
 where rank 0 publishes MASTER_ADDR/MASTER_PORT.  Round ``r``'s keys (``r<r>/``,
-``state/r<r>/``) and its store are deleted once round ``r + 1`` is complete and a new
-round opens (nobody reads them then): the store does not grow with restarts.
+``x/r<r>/``, ``state/r<r>/``) and its store are deleted once round ``r + 1`` is complete
+and a new round opens (nobody reads them then): the store does not grow with restarts.
 
 Two ways to build the handler
 -----------------------------
@@ -59,6 +83,7 @@ Two ways to build the handler
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -75,7 +100,6 @@ from elastic.rendezvous._core import (
     NodeStatus,
     arrival_role,
     choose_members,
-    first_attempt_at,
 )
 from elastic.rendezvous.api import (
     RendezvousClosedError,
@@ -286,6 +310,14 @@ class _Members(tuple[str, ...]):
         return node in self.rank
 
 
+def _index(raw: bytes) -> int:
+    """A joiner's arrival index (its ``m/`` value); unreadable counts as first."""
+    try:
+        return int(raw)
+    except ValueError:
+        return 0
+
+
 @functools.lru_cache(maxsize=32)
 def _parse_result(raw: bytes, max_nodes: int) -> _Members | None:
     try:
@@ -378,6 +410,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._members = _Members([])
         self._redundant = False
         self._round_watch: Task[str | Exception] | None = None
+        # (round, revision) from which a member's watch of that round has seen no change
+        self._clean: tuple[int, int] = (-1, 0)
 
     @classmethod
     def from_backend(
@@ -524,7 +558,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if self._round is None:
             raise RuntimeError("watch_async() needs a completed next_rendezvous_async() first")
         if self._round_watch is not None:
-            # the round's ring check already runs (started when the round was decided)
+            # the round's member watch already runs (started when the round was decided)
             return _unwrap(await self._round_watch.join())
         return await self._watch_round(self._round, self._members, waiting_ends=True)
 
@@ -560,27 +594,39 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return e
 
     async def _watch_round(self, r: int, members: _Members, *, waiting_ends: bool) -> str:
-        i = members.rank[self._node]
-        succ = members[(i + 1) % len(members)] if len(members) > 1 else None
-        ev = self._rk(r, "ev/")
+        """Wait until round ``r`` ends, a member's key goes, or (``waiting_ends``) a node
+        arrives on the wait list; return why.
+
+        After the decision ``r<r>/m/`` holds exactly the members' leased keys (the
+        decider removed the left-out joiners' before writing the result) and the end
+        marker, so one watch of it wakes this node, O(1), on every member's expiry —
+        whoever else is dead — and a wake that no marker, state or wait-list key
+        explains is a member lost.  The watch runs from the round's first clean revision
+        (``_clean``), so a second call (after ``nodes_waiting``) misses no expiry.
+        """
+        store = self._store
+        mkey, ev = self._rk(r, "m/"), self._rk(r, "ev/")
+        prefix = self._rk(r, "") if waiting_ends else mkey
+        clean = self._clean[1] if self._clean[0] == r else None
+        woke = False
         while True:
             # Take the revision first: any change after it wakes the watch below.
-            rev, events = await self._store.snapshot(ev)
-            waiting = waiting_ends and any(k.startswith(ev + "w/") for k in events)
-            lost = ev + "lost" in events
+            rev, events = await store.snapshot(ev)
+            waiting = waiting_ends and bool(events)
             _, st = await self._read_state()
             if st.closed:
                 return "closed"
-            if st.round != r:  # someone already ended our round
-                return "nodes_waiting" if waiting else "peer_lost" if lost else "restarted"
+            if st.round != r or await store.try_get(mkey) is not None:
+                return "nodes_waiting" if waiting else "restarted"
             if waiting:
                 return "nodes_waiting"
-            if lost:
-                return "peer_lost"
-            if succ is not None and await self._store.try_get(self._k("alive", succ)) is None:
-                await self._store.set(ev + "lost", succ.encode())
-                return "peer_lost"
-            await self._store.watch(self._c, rev)
+            if woke:
+                return "peer_lost"  # a member's key went, and nothing else explains the wake
+            if clean is None:
+                clean = rev
+                self._clean = (r, rev)
+            await store.watch(prefix, clean)
+            woke = True
 
     async def is_closed_async(self) -> bool:
         _, st = await self._read_state()
@@ -599,7 +645,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if self._round is None:
             return 0
         ev = self._rk(self._round, "ev/")
-        _, events = await self._store.snapshot(ev + "w/")
+        _, events = await self._store.snapshot(ev)
         return len(events)
 
     async def shutdown_async(self) -> bool:
@@ -644,31 +690,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
             raise _corrupt(key, f"negative round {st.round}")
         return st
 
-    async def _wait_end(self, r: int, part: str, timeout: float | None) -> bytes | None:
-        """Wait for round ``r``'s ``part`` marker (``result`` or ``next``); return it.
-
-        Returns ``None`` if the state moved past round ``r`` (or closed) without the
-        marker — its writer died between its two writes; the caller re-reads the state.
-        Raises :class:`TimeoutError` after ``timeout`` seconds.
-        """
-        clock, store = self._clock, self._store
-        # the state key is also the prefix of every end marker (see the module docstring)
-        state_key, key = self._k("state"), self._ek(r, part)
-        deadline = None if timeout is None else clock.now() + timeout
-        while True:
-            rev, snap = await store.snapshot(state_key)
-            if key in snap:
-                return snap[key]
-            raw = snap.get(state_key)
-            if raw is not None:
-                st = self._parse_state(raw)
-                if st.closed or st.round != r:
-                    return None
-            left = None if deadline is None else deadline - clock.now()
-            if left is not None and left <= 0:
-                raise TimeoutError(f"{key} was not written within {timeout}s")
-            await store.watch(state_key, rev, left)
-
     def _decode_result(self, r: int, raw: bytes) -> _Members | None:
         """The members of round ``r`` in rank order, or ``None`` if it was closed."""
         try:
@@ -684,12 +705,61 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return (self._decode_result(r - 1, raw) or ()) if raw is not None else ()
 
     async def _join_open_round(self, r: int, deadline: float) -> _Members | None:
-        """Join open round ``r``; decide it if it falls to us; return its members."""
-        clock, store = self._clock, self._store
+        """Join open round ``r``; decide it when the rules say so; return its members.
+
+        The last call is the round's, as torch's ``state.deadline``: the arrival that
+        brings the live joiners to ``min_nodes`` arms it — the ``lc`` key on a lease of
+        ``last_call_timeout`` that nobody renews, so the store ends it at one instant for
+        everyone.  At its end ONE joiner decides: every live joiner that sees it end
+        claims the ``dec`` key (``compare_set``, first wins; then attached to the
+        winner's lease) and only the winner reads the joiners and writes the result.  A
+        joiner whose arrival index reaches ``max_nodes`` decides at once.  A decision
+        that cannot be made yet (a full round holding a seat for a pending node, or fewer
+        than ``min_nodes`` live joiners when the last call ended) is held by the claim's
+        holder alone, which watches the control prefix until it can; if the holder dies
+        its claim expires with its lease and the next live joiner takes it over.  Cost:
+        O(1) store operations and wake-ups per joiner per round, one O(N) read by the
+        decider (plus one O(N) read per arrival past ``min_nodes`` when
+        ``min_nodes < max_nodes``, to count the live joiners before it).
+        """
+        clock, store, core = self._clock, self._store, self._core
         mprefix = self._rk(r, "m/")
-        result_key = self._ek(r, "result")
-        await store.set(mprefix + self._node, b"", lease=self._lease)
-        n = await store.add(self._rk(r, "count"), 1)
+        state_key, result_key = self._k("state"), self._ek(r, "result")
+        lc_key, dec_key = self._ek(r, "lc"), self._ek(r, "dec")
+        self._redundant = False  # a spare that joins a round is a joiner (torch)
+        seen = False  # a last call of this round was started (it runs, or it ended)
+        my_call: float | None = None  # the end of the last call this node started
+        token = self._node.encode()
+        # the arrival that brings the live joiners to max_nodes decides at once, once
+        direct = False
+        if core.min_nodes < core.max_nodes:
+            n = await store.add(self._rk(r, "count"), 1)
+            if core.min_nodes <= n:
+                # Does this arrival bring the live joiners to min_nodes?  Then it arms the
+                # round's last call (again, if the count dropped below min_nodes since the
+                # last one: torch clears the deadline then).  With min_nodes live joiners
+                # before it, one was armed already (running, or over).
+                _, live = await store.snapshot(mprefix)
+                before = sum(1 for k, v in live.items() if k != mprefix and _index(v) < n)
+                del live  # Performance: no N-key dict kept alive across the waits below
+                seen = before >= core.min_nodes
+                # (by index too: a joiner before it may not have written its key yet)
+                direct = n == core.max_nodes or before + 1 == core.max_nodes
+                if before + 1 == core.min_nodes:
+                    my_call = await self._arm_last_call(r, token)
+                    seen = True
+            # the value is the arrival index: who came before whom, for the last call
+            await store.set(mprefix + self._node, str(n).encode(), lease=self._lease)
+        else:  # no last call: the max_nodes-th arrival decides
+            await store.set(mprefix + self._node, b"", lease=self._lease)
+            n = await store.add(self._rk(r, "count"), 1)
+            direct = n == core.max_nodes
+            if n > core.max_nodes:
+                # past max_nodes only if joiners died (or the round is decided already):
+                # does this arrival bring the live ones back to max_nodes?
+                _, live = await store.snapshot(mprefix)
+                direct = len(live.keys() - {mprefix}) == core.max_nodes
+                del live
         logger.info(
             "The node '%s' added itself to the participants of round %s of the rendezvous "
             "'%s'. Pending sync.",
@@ -697,47 +767,104 @@ class DynamicRendezvousHandler(RendezvousHandler):
             r,
             self._settings.run_id,
         )
-        joined_at = clock.now()
-        attempt = first_attempt_at(n, joined_at, self._core)
-        last_call_end = joined_at + self._core.last_call_timeout
-        previous: tuple[str, ...] | None = None
+        seen_claim = False  # a decision was due (a claim existed): take over if it goes
         while True:
-            now = clock.now()
-            if now >= deadline:
+            if clock.now() >= deadline:
+                _, live = await store.snapshot(mprefix)
                 await store.delete(mprefix + self._node)
-                raise self._timeout_error(r, n)
-            until = deadline if attempt is None else min(deadline, attempt)
-            try:
-                # The one wait of a joiner, woken by the decider (or by a close).
-                raw = await self._wait_end(r, "result", until - now)
-                return None if raw is None else self._decode_result(r, raw)
-            except TimeoutError:
-                pass
-            if attempt is None or clock.now() < attempt:
+                if await store.try_get(dec_key) == token:
+                    await store.delete(dec_key)
+                raise self._timeout_error(r, len(live.keys() - {mprefix}))
+            rev, snap = await store.snapshot(state_key)
+            raw = snap.get(result_key)
+            if raw is not None:
+                return self._decode_result(r, raw)
+            st_raw = snap.get(state_key)
+            if st_raw is not None:
+                st = self._parse_state(st_raw)
+                if st.closed or st.round != r:
+                    return None  # closed, or the round ended (its decider died mid-way)
+            call = snap.get(lc_key)
+            running = call is not None
+            seen = seen or running
+            if my_call is not None and call not in (None, token):
+                my_call = None  # another arrival re-armed the last call: it is theirs now
+            passed = (seen and not running) or (my_call is not None and clock.now() >= my_call)
+            claim = snap.get(dec_key)
+            holder = claim == token
+            if claim is not None and not holder:
+                seen_claim = True
+            due = direct or passed or seen_claim
+            if not holder and (claim is not None or not due):
+                # The one wait of most joiners: for the result, the last call's end or a
+                # claim's expiry (all under the state key's prefix).
+                until = deadline if my_call is None or passed else min(deadline, my_call)
+                with contextlib.suppress(TimeoutError):
+                    await store.watch(state_key, rev, max(0.0, until - clock.now()))
                 continue
-            if previous is None:
-                previous = await self._previous_members(r)
+            if not holder and not direct:
+                # one decider: the first live joiner to claim (the claim dies with it)
+                if await store.compare_set(dec_key, None, token) != token:
+                    continue
+                await store.set(dec_key, token, lease=self._lease)
+                holder = True
             rev, live = await store.snapshot(mprefix)
-            ids = [k[len(mprefix) :] for k in live]
-            chosen = choose_members(
-                ids, previous, self._core, last_call_passed=clock.now() >= last_call_end
-            )
+            ids = [k[len(mprefix) :] for k in live if k != mprefix]
+            del live
+            previous: tuple[str, ...] = ()
+            if len(ids) >= core.max_nodes:
+                # the previous members matter only to a full round (admitted first)
+                previous = await self._previous_members(r)
+            pending = await self._pending(r, ids, previous)
+            chosen = choose_members(ids, previous, core, last_call_passed=passed, pending=pending)
             if chosen is not None:
+                # After the decision r<r>/m/ holds the members' keys only (module doc)
+                for node in set(ids).difference(chosen):
+                    await store.delete(mprefix + node)
                 mine = _dump({"version": _VERSION, "round": r, "members": list(chosen)})
                 # First writer wins; a racing decider adopts the winner's result.
-                return self._decode_result(r, await store.compare_set(result_key, None, mine))
-            if len(ids) >= self._core.min_nodes:
-                attempt = last_call_end  # enough nodes; the last call is still on
+                won = await store.compare_set(result_key, None, mine)
+                if holder:
+                    await store.delete(dec_key)  # the round is decided: the claim is spent
+                return self._decode_result(r, won)
+            if direct:
+                direct = False  # held: from now on only the claim's holder decides
+                if claim is None and await store.compare_set(dec_key, None, token) == token:
+                    await store.set(dec_key, token, lease=self._lease)
                 continue
-            # Joiners died below min_nodes: wait for another to arrive, then a fresh last
-            # call (torch clears the deadline below min and sets it again at min).  The
-            # whole control prefix, so that a close (the state key) wakes us too.
-            try:
+            # Held (a pending seat, or below min_nodes after the last call): the holder
+            # alone waits for a joiner to arrive or die, a pending node to rejoin or
+            # expire, a new last call to end, or the round to end.
+            with contextlib.suppress(TimeoutError):  # the join timeout: the loop raises it
                 await store.watch(self._c, rev, max(0.0, deadline - clock.now()))
-            except TimeoutError:
-                continue
-            attempt = clock.now()
-            last_call_end = attempt + self._core.last_call_timeout
+
+    async def _arm_last_call(self, r: int, token: bytes) -> float:
+        """Start round ``r``'s last call; return when it ends on this node's clock."""
+        ends = self._clock.now() + self._core.last_call_timeout
+        lease = await self._store.grant_lease(self._core.last_call_timeout)
+        await self._store.set(self._ek(r, "lc"), token, lease=lease)
+        lease.abandon()  # nobody renews it: the store expires it, and the key, at the deadline
+        return ends
+
+    async def _pending(self, r: int, ids: list[str], previous: tuple[str, ...]) -> tuple[str, ...]:
+        """Nodes round ``r`` expects (round ``r - 1``'s members, waiting and redundant
+        nodes, with a live lease) that have not joined it yet — only when they matter.
+
+        They matter only for a full round with a joiner that was not a member before
+        (``choose_members``); otherwise no store operation is spent.
+        """
+        if r == 0 or len(ids) < self._core.max_nodes or set(ids) <= set(previous):
+            return ()
+        store = self._store
+        _, wait = await store.snapshot(self._rk(r - 1, "ev/"))
+        _, spare = await store.snapshot(self._k(f"x/r{r - 1}/"))
+        _, alive = await store.snapshot(self._k("alive/"))
+        expected = set(previous)
+        expected.update(k.rsplit("/", 1)[1] for k in wait)
+        expected.update(k.rsplit("/", 1)[1] for k in spare)
+        base = self._k("alive/")
+        joined = set(ids)
+        return tuple(sorted(e for e in expected if e not in joined and base + e in alive))
 
     async def _finish(self, r: int, members: _Members, deadline: float) -> RendezvousInfo | None:
         """Exchange round ``r``'s master address; ``None`` if a member was lost meanwhile."""
@@ -760,7 +887,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             )
         wait = max(deadline - self._clock.now(), self._ttl)
         clock = self._clock
-        # Performance: the ring check of the round starts here and is the same task that
+        # Performance: the member watch of the round starts here and is the same task that
         # watch_async() later joins, so guarding the exchanges costs no store operation
         # beyond the watch the agent runs anyway (measured with bench/bench_sim.py).
         self._drop_round_watch()
@@ -821,7 +948,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Wait, on the wait or redundancy list of complete round ``r``, for it to end."""
         role = arrival_role(len(members), self._core)
         self._redundant = role is NodeStatus.REDUNDANT
-        key = self._rk(r, "x", self._node) if self._redundant else self._rk(r, "ev/w", self._node)
+        if self._redundant:
+            key = self._k("x", f"r{r}", self._node)
+        else:
+            key = self._rk(r, "ev", self._node)
         await self._store.set(key, b"", lease=self._lease)
         logger.info(
             "The node '%s' added itself to the %s of round %s of the rendezvous '%s'. "
@@ -834,25 +964,64 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # Redundant nodes wait without a deadline (torch); waiting ones within join.
         timeout = None if self._redundant else max(0.0, deadline - self._clock.now())
         try:
-            await self._wait_end(r, "next", timeout)
+            await self._wait_round_end(r, len(members), timeout)
         except TimeoutError:
             await self._store.delete(key)
             raise self._timeout_error(r, None) from None
         return self._clock.now() + self._core.join_timeout if self._redundant else deadline
+
+    async def _wait_round_end(self, r: int, size: int, timeout: float | None) -> None:
+        """Wait, off the members of complete round ``r``, until the round ends.
+
+        It ends with its end marker (``r<r>/m/``), the state moving on — or a member's
+        key going (its lease expired): then this node ends the round itself
+        (``_core``: a member's expiry opens the next round), since every member may be
+        dead.  One read of ``r<r>/m/`` on arrival (a member may have died before it
+        came), then one watch of it: O(1) wake-ups per round.
+        """
+        clock, store = self._clock, self._store
+        state_key, mkey = self._k("state"), self._rk(r, "m/")
+        end = None if timeout is None else clock.now() + timeout
+        clean: int | None = None
+        woke = False
+        while True:
+            _, snap = await store.snapshot(state_key)
+            raw = snap.get(state_key)
+            if raw is not None:
+                st = self._parse_state(raw)
+                if st.closed or st.round != r:
+                    return
+            if clean is None:
+                # the members' keys, once: are they all there?  (+1: the end marker)
+                clean, keys = await store.snapshot(mkey)
+                if mkey in keys:
+                    return
+                woke = len(keys) < size
+                del keys  # Performance: not kept alive while this node waits (hours)
+            elif await store.try_get(mkey) is not None:
+                return
+            if woke and raw is not None:
+                await self._advance(raw, r)  # a member's key went: the round is over
+                return
+            left = None if end is None else end - clock.now()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"{mkey} was not written within {timeout}s")
+            await store.watch(mkey, clean, left)
+            woke = True
 
     async def _advance(self, raw_state: bytes, r: int) -> None:
         """End complete round ``r``: open ``r + 1`` (unless someone already did)."""
         desired = _dump({"version": _VERSION, "round": r + 1, "closed": False})
         if await self._store.compare_set(self._k("state"), raw_state, desired) != desired:
             return
-        await self._store.set(self._ek(r, "next"), _dump({"version": _VERSION, "round": r + 1}))
+        # the end marker, under the members' keys: what members and parked nodes watch
+        await self._store.set(self._rk(r, "m/"), _dump({"version": _VERSION, "round": r + 1}))
         if r >= 1:  # nobody reads round r-1 any more (round r+1's decider reads round r)
             removed = [
                 await self._store.delete(key)
                 for key in (
                     self._ek(r - 1, "result"),
                     self._rk(r - 1, "count"),
-                    self._ek(r - 1, "next"),
                 )
             ]
             # and the rest of round r-1, off the join's path, by the one node whose
@@ -868,6 +1037,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         restarts.  Best effort: a store that is gone or cannot list keys keeps them."""
         try:
             await _delete_under(self._store, self._rk(r, ""))
+            await _delete_under(self._store, self._k(f"x/r{r}/"))
             await _delete_under(self._round_store, f"{self._base}/s/{r}/")
         except Exception as e:  # nobody joins this task: log, not raise
             logger.debug("round %s's keys were not deleted: %s", r, e)
@@ -886,7 +1056,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         r = st.round
         closed = {"version": _VERSION, "round": r, "closed": True}
         await self._store.compare_set(self._ek(r, "result"), None, _dump(closed))  # joiners
-        await self._store.set(self._ek(r, "next"), _dump(closed))  # members, waiting, redundant
+        await self._store.set(self._rk(r, "m/"), _dump(closed))  # members, waiting, redundant
 
     def _raise_closed(self) -> None:
         if self._redundant:
