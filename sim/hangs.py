@@ -76,7 +76,7 @@ def health_watches_factory(
     if timer_after is not None:
 
         def on_hang(w: SimWorker, acquired_at: float) -> None:
-            entry = drivers.get(w.group.node)
+            entry = drivers.get(w.node)
             if entry is None:
                 return
             driver, _node = entry

@@ -54,10 +54,15 @@ class WState(enum.Enum):
 class SimWorker:
     """One simulated worker process."""
 
-    __slots__ = ("global_rank", "group", "local_rank", "pid", "state", "world")
+    __slots__ = ("global_rank", "group", "local_rank", "node", "pid", "state", "world")
 
     def __init__(self, group: SimGroup, launch: WorkerLaunch, pid: int) -> None:
-        self.group = group
+        # the group while the worker runs; None once it exited, so that a finished group
+        # and its workers hold no reference cycle and are freed when the agent drops the
+        # group, not at the collector's next full pass (with the collector tuned for
+        # speed, dead groups piled up: +15 % peak memory at 2,048 nodes)
+        self.group: SimGroup | None = group
+        self.node = group.node
         self.local_rank = launch.local_rank
         self.global_rank = launch.global_rank
         self.pid = pid
@@ -207,7 +212,7 @@ class World:
         slow = self.training.slow
         if not slow:
             return 1.0
-        nodes = {m.group.node for m in self.members.values()}
+        nodes = {m.node for m in self.members.values()}
         return max([slow.get(n, 1.0) for n in nodes] + [1.0])
 
     def _time_of_work(self, work: float) -> float:
@@ -258,7 +263,7 @@ class World:
         t.emit("sim.progress", round=self.round, steps=t.model.steps, ckpt_step=t.model.steps)
         t.emit("sim.world_done", round=self.round)
         for m in sorted(self._retire(), key=lambda m: m.global_rank):
-            if m.alive:
+            if m.group is not None:  # alive
                 m.group._exit(m, 0, ExitCause.EXITED)
 
     def _settle_progress(self) -> None:
@@ -298,7 +303,7 @@ class World:
 
     def _fail_members(self, workers: list[SimWorker], why: str) -> None:
         for m in sorted(workers, key=lambda m: m.global_rank):
-            if m.alive:
+            if m.group is not None:  # alive
                 m.group._exit(m, SIGABRT_EXIT, ExitCause.SIGNALED, reason=why)
 
 
@@ -334,6 +339,7 @@ class SimGroup:
             return
         was = w.state
         w.state = WState.EXITED
+        w.group = None
         t = self.port.training
         self._exits.append(
             WorkerExit(
