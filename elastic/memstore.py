@@ -302,12 +302,15 @@ class MemoryStore:
         self._mutated((key,))
         return new
 
-    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
+    ) -> bytes:
         self._check_open()
         self.stats.ops += 1
+        owner = self._own(lease)
         cur = self._data.get(key)
         if cur == expected:
-            self._put(key, desired, None)
+            self._put(key, desired, owner)
             self._mutated((key,))
             return bytes(desired)
         return cur if cur is not None else b""

@@ -71,8 +71,14 @@ class Store(Protocol):
         """Atomically add ``amount`` to the integer at ``key`` (absent = 0); return the sum."""
         ...
 
-    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
-        """Set ``desired`` iff the value is ``expected``; return the value afterwards."""
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
+    ) -> bytes:
+        """Set ``desired`` iff the value is ``expected``; return the value afterwards.
+
+        With ``lease``, a successful set attaches the key to it in the same operation (as
+        ``set(lease=)`` does): a claim written this way can never outlive its owner, even
+        if the owner dies right after it."""
         ...
 
     async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:

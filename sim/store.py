@@ -260,9 +260,13 @@ class SimStoreClient:
         return self._call(self.host.store.add, key, amount)
 
     def compare_set(
-        self, key: str, expected: bytes | None, desired: bytes
+        self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
     ) -> Coroutine[Any, Any, bytes]:
-        return self._call(self.host.store.compare_set, key, expected, desired)
+        if lease is None:
+            return self._call(self.host.store.compare_set, key, expected, desired)
+        return self._call(
+            lambda: self.host.store.compare_set(key, expected, desired, lease=_inner(lease))
+        )
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> Coroutine[Any, Any, None]:
         return self._call(self.host.store.wait, keys, timeout)

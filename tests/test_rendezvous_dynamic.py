@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import pytest
@@ -20,6 +21,7 @@ from elastic.rendezvous.dynamic_rendezvous import (
     RendezvousSettings,
     RendezvousTimeout,
 )
+from elastic.store import Lease
 from tests.worlds import run_in
 
 # Small timeouts so the real world stays fast; the sim runs them exactly.
@@ -270,8 +272,10 @@ class _DiesAfterEndingTheRound:
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
 
-    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
-        out = await self._store.compare_set(key, expected, desired)
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
+    ) -> bytes:
+        out = await self._store.compare_set(key, expected, desired, lease=lease)
         if key.endswith("/c/state") and out == desired and expected is not None:
             lease = self._handler.lease
             assert lease is not None
@@ -311,3 +315,60 @@ def test_a_node_dying_between_the_two_writes_that_end_a_round_strands_nobody(
     outcome, took = run_in(world, body)
     assert outcome == ("round 1, world 1" if how == "advance" else "closed")
     assert took < 5.0  # not the 60 s join timeout
+
+
+class _DiesRightAfterClaiming:
+    """A node's view of the store: the first node to win a decider claim dies right after.
+
+    The claim and its lease are one operation (``compare_set(lease=)``); were they two
+    (claim, then attach the lease), a decider dying between them would leave a claim
+    that no lease ends, and the round would wait for its join timeout.
+    """
+
+    def __init__(
+        self, store: MemoryStore, lease_of: DynamicRendezvousHandler, dead: list[str]
+    ) -> None:
+        self._store = store
+        self._handler = lease_of
+        self._dead = dead  # shared: only the first winner dies
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
+    ) -> bytes:
+        out = await self._store.compare_set(key, expected, desired, lease=lease)
+        if key.endswith("/dec") and out == desired and not self._dead:
+            self._dead.append(self._handler.node_id)
+            mine = self._handler.lease
+            assert mine is not None
+            mine.abandon()  # dead: its lease runs out, and every key on it goes
+            raise _Died
+        return out
+
+
+def test_a_decider_dying_right_after_its_claim_delays_the_round_by_its_lease_at_most(
+    world: str,
+) -> None:
+    async def body(clock: Clock) -> tuple[list[str], list[RendezvousInfo], float]:
+        store = MemoryStore(clock)
+        hs = make(clock, store, ["a", "b", "c"], 2, 4, join=600.0)
+        dead: list[str] = []
+        for h in hs:
+            h._store = _DiesRightAfterClaiming(store, h, dead)  # type: ignore[assignment]
+        t0 = clock.now()
+        tasks = [clock.spawn(h.next_rendezvous_async(), name=h.node_id) for h in hs]
+        infos: list[RendezvousInfo] = []
+        for t in tasks:
+            with contextlib.suppress(_Died):
+                infos.append(await t.join())
+        return dead, infos, clock.now() - t0
+
+    dead, infos, took = run_in(world, body)
+    assert len(dead) == 1
+    assert len(infos) == 2 and {i.world_size for i in infos} == {2}
+    assert {i.round for i in infos} == {0}
+    # the last call, then the dead decider's lease (TTL after its last renewal), then
+    # a live joiner's claim and decision -- not the 600 s join timeout
+    assert took < LAST_CALL + TTL + 1.0, took

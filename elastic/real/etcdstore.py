@@ -736,9 +736,12 @@ class EtcdStoreClient:
             await asyncio.sleep(random.uniform(0, min(0.25, 0.001 * 2**tries)))
             tries += 1
 
-    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
+    ) -> bytes:
         self._check_open()
         self.stats.ops += 1
+        lid = self._own(lease, key)
         rpc = self._g.rpc
         k = self._k(key)
         if expected is None:
@@ -749,9 +752,21 @@ class EtcdStoreClient:
             cmp = rpc.Compare(
                 key=k, target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=bytes(expected)
             )
-        t = await self._txn(
-            f"compare_set {key!r}", [cmp], [self._put_op(k, bytes(desired))], [self._range_op(k)]
-        )
+        try:
+            t = await self._txn(
+                f"compare_set {key!r}",
+                [cmp],
+                [self._put_op(k, bytes(desired), lid)],
+                [self._range_op(k)],
+            )
+        except StoreError as e:
+            if lease is not None and "lease not found" in str(e):
+                if isinstance(lease, EtcdLease):
+                    lease._expired()
+                raise StoreError(
+                    f"lease {lid:x} has expired; cannot attach {key!r} to it"
+                ) from None
+            raise
         if t.succeeded:
             self.stats.bytes_written += len(k) + len(desired)
             return bytes(desired)

@@ -457,7 +457,8 @@ class _ServerConn:
         if op == "add":
             return await store.add(a[0], a[1])
         if op == "compare_set":
-            return await store.compare_set(a[0], a[1], a[2])
+            lease = None if a[3] is None else hosted.lease(a[3])
+            return await store.compare_set(a[0], a[1], a[2], lease=lease)
         if op == "delete":
             return await store.delete(a[0])
         if op == "multi_set":
@@ -993,10 +994,20 @@ class NetStoreClient:
     async def add(self, key: str, amount: int) -> int:
         return cast(int, await self._request("add", lambda: (key, amount), retry=False))
 
-    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
+    ) -> bytes:
         e = None if expected is None else _bytes(key, expected)
         d = _bytes(key, desired)
-        return cast(bytes, await self._request("compare_set", lambda: (key, e, d), retry=False))
+        lid = self._lease_id(lease)
+        try:
+            return cast(
+                bytes, await self._request("compare_set", lambda: (key, e, d, lid), retry=False)
+            )
+        except _LeaseGone:
+            if isinstance(lease, NetLease):
+                lease._expired()
+            raise
 
     async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         ks = list(keys)

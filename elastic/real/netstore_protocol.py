@@ -186,7 +186,7 @@ OPS: Final[dict[str, tuple[Check, ...]]] = {
     "get": (_key, _opt_seconds),
     "try_get": (_key,),
     "add": (_key, _int64),
-    "compare_set": (_key, _opt_value, _value),
+    "compare_set": (_key, _opt_value, _value, _opt_lease_id),
     "wait": (_keys, _opt_seconds),
     "delete": (_key,),
     "multi_get": (_keys, _opt_seconds),

@@ -297,7 +297,13 @@ class ThreadedStore:
     async def add(self, key: str, amount: int) -> int:
         return int(await self._call("add", key, amount))
 
-    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes, *, lease: Any = None
+    ) -> bytes:
+        if lease is not None:
+            raise NotImplementedError(
+                "a torch Store has no leases: compare_set(lease=) is not supported"
+            )
         return bytes(await self._call("compare_set", key, expected or b"", desired))
 
     async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:

@@ -382,12 +382,18 @@ class BackendStore:
 
         return await self._mutate(add)
 
-    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
+    ) -> bytes:
+        lid = self._own(lease)
+
         def cas(st: _State) -> bytes:
             item = st.kv.get(key)
             current = None if item is None else item[0]
             if current == expected:
-                st.put(key, bytes(desired))
+                if lid and lid not in st.leases:
+                    raise StoreError(f"compare_set({key!r}): lease {lid} has expired")
+                st.put(key, bytes(desired), lid)
                 return bytes(desired)
             return current if current is not None else b""
 

@@ -20,9 +20,11 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
 * ``state/r<r>/dec`` — the round's one *decider*: the live joiner that won
   ``compare_set(None → node)`` when a decision fell due (the last call ended) or was
   held (a full round keeping a pending seat, or below ``min_nodes`` after the last
-  call), then attached to its lease.  Only it reads the joiners and decides; if it dies
-  the key goes with its lease and the next live joiner takes it over, so a dead decider
-  delays the round by at most its lease.
+  call), attached to its lease by that same operation (``compare_set(lease=)``: a
+  claim never exists without its owner's lease, even if the owner dies right after).
+  Only it reads the joiners and decides; if it dies the key goes with its lease and
+  the next live joiner takes it over, so a dead decider delays the round by at most its
+  lease.
 * ``state/r<r>/result`` — the members of round ``r`` in rank order, written once with
   ``compare_set(None → …)`` by the decider, or at once by the arrival that brings the
   live joiners to ``max_nodes``.  Before writing it the decider deletes the ``m/`` keys
@@ -804,9 +806,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 continue
             if not holder and not direct:
                 # one decider: the first live joiner to claim (the claim dies with it)
-                if await store.compare_set(dec_key, None, token) != token:
+                if await store.compare_set(dec_key, None, token, lease=self._lease) != token:
                     continue
-                await store.set(dec_key, token, lease=self._lease)
                 holder = True
             rev, live = await store.snapshot(mprefix)
             ids = [k[len(mprefix) :] for k in live if k != mprefix]
@@ -829,8 +830,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 return self._decode_result(r, won)
             if direct:
                 direct = False  # held: from now on only the claim's holder decides
-                if claim is None and await store.compare_set(dec_key, None, token) == token:
-                    await store.set(dec_key, token, lease=self._lease)
+                if claim is None:
+                    await store.compare_set(dec_key, None, token, lease=self._lease)
                 continue
             # Held (a pending seat, or below min_nodes after the last call): the holder
             # alone waits for a joiner to arrive or die, a pending node to rejoin or

@@ -38,8 +38,10 @@ class PrefixStore(Store):
     async def add(self, key: str, amount: int) -> int:
         return await self.underlying.add(self._k(key), amount)
 
-    async def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes:
-        return await self.underlying.compare_set(self._k(key), expected, desired)
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
+    ) -> bytes:
+        return await self.underlying.compare_set(self._k(key), expected, desired, lease=lease)
 
     async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         await self.underlying.wait([self._k(k) for k in keys], timeout)

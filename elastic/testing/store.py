@@ -250,6 +250,27 @@ async def check_leased_key_vanishes_ttl_after_the_owner_abandons_and_not_before(
     assert not lease.alive()
 
 
+async def check_compare_set_with_a_lease_attaches_the_key_in_one_operation(
+    clock: Clock, h: StoreHarness
+) -> None:
+    owner, other = await h.open(), await h.open()
+    ttl = 4 * h.unit
+    granted = clock.now()  # the lease's time runs from its grant: nobody renews it here
+    lease = await owner.grant_lease(ttl)
+    lease.abandon()
+    # won: the key is the lease's from that operation on (a claim that cannot outlive
+    # its owner, even one that dies right after it)
+    assert await owner.compare_set("claim", None, b"n0", lease=lease) == b"n0"
+    # lost: nothing is attached to the lease, the winner's value stays as it was
+    await other.set("plain", b"x")
+    assert await owner.compare_set("plain", None, b"n0", lease=lease) == b"x"
+    rev, _ = await other.snapshot("")
+    await other.watch("claim", rev, timeout=ttl + 20 * h.unit)  # woken by the expiry
+    _assert_close(h, "a compare_set key's expiry after its grant", clock.now() - granted, ttl)
+    assert await other.try_get("claim") is None
+    assert await other.try_get("plain") == b"x", "a lost compare_set attached the key"
+
+
 async def check_revoke_removes_leased_keys_at_once(clock: Clock, h: StoreHarness) -> None:
     owner, other = await h.open(), await h.open()
     lease = await owner.grant_lease(1000 * h.unit)
@@ -366,6 +387,7 @@ ALL_CHECKS: tuple[Check, ...] = (
     check_snapshot_returns_exactly_the_prefix,
     check_a_lease_lives_while_its_owner_lives,
     check_leased_key_vanishes_ttl_after_the_owner_abandons_and_not_before,
+    check_compare_set_with_a_lease_attaches_the_key_in_one_operation,
     check_revoke_removes_leased_keys_at_once,
     check_a_lease_needs_a_positive_ttl,
     check_watch_wakes_on_a_change_under_the_prefix_only,
