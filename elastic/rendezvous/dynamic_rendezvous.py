@@ -709,20 +709,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
     async def _join_open_round(self, r: int, deadline: float) -> _Members | None:
         """Join open round ``r``; decide it when the rules say so; return its members.
 
-        The last call is the round's, as torch's ``state.deadline``: the arrival that
-        brings the live joiners to ``min_nodes`` arms it — the ``lc`` key on a lease of
-        ``last_call_timeout`` that nobody renews, so the store ends it at one instant for
-        everyone.  At its end ONE joiner decides: every live joiner that sees it end
-        claims the ``dec`` key (``compare_set``, first wins; then attached to the
-        winner's lease) and only the winner reads the joiners and writes the result.  A
-        joiner whose arrival index reaches ``max_nodes`` decides at once.  A decision
-        that cannot be made yet (a full round holding a seat for a pending node, or fewer
-        than ``min_nodes`` live joiners when the last call ended) is held by the claim's
-        holder alone, which watches the control prefix until it can; if the holder dies
-        its claim expires with its lease and the next live joiner takes it over.  Cost:
-        O(1) store operations and wake-ups per joiner per round, one O(N) read by the
-        decider (plus one O(N) read per arrival past ``min_nodes`` when
-        ``min_nodes < max_nodes``, to count the live joiners before it).
+        The last call is the round's, as torch's ``state.deadline``: the arrival that brings the
+        live joiners to ``min_nodes`` arms it — the ``lc`` key on a lease of ``last_call_timeout``
+        that nobody renews, so the store ends it at one instant for everyone.  At its end ONE joiner
+        decides: every live joiner that sees it end claims the ``dec`` key (``compare_set`` on the
+        claimer's lease, first wins: one operation, so no claim outlives its owner) and only the
+        winner reads the joiners and writes the result.  A joiner whose arrival index reaches
+        ``max_nodes`` decides at once.  A decision that cannot be made yet (a full round holding a
+        seat for a pending node, or fewer than ``min_nodes`` live joiners when the last call ended)
+        is held by the claim's holder alone, which watches the control prefix until it can; if the
+        holder dies its claim expires with its lease and the next live joiner takes it over.  Cost:
+        O(1) store operations and wake-ups per joiner per round, one O(N) read by the decider (plus
+        one O(N) read per arrival past ``min_nodes`` when ``min_nodes < max_nodes``, to count the
+        live joiners before it).
         """
         clock, store, core = self._clock, self._store, self._core
         mprefix = self._rk(r, "m/")
