@@ -2,7 +2,8 @@
 
 In the manner of ``trio.testing``: every implementation of the store port (the in-memory
 store in either world, the simulator's per-node client, the network client) must pass
-:mod:`elastic.testing.store`; so must yours.  Nothing here does I/O or imports the
+:mod:`elastic.testing.store`, and every clock (asyncio's, the simulator's)
+:mod:`elastic.testing.clock`; so must yours.  Nothing here does I/O or imports the
 simulator: the checks await only the clock and the store they are handed.
 """
 
