@@ -379,6 +379,14 @@ class SimGroup:
         )
         return True
 
+    def exit(self, local_rank: int, code: int) -> bool:
+        """The worker ends on its own with ``code`` (as ``sys.exit(code)`` would)."""
+        w = self.workers.get(local_rank)
+        if w is None or not w.alive:
+            return False
+        self._exit(w, code, ExitCause.EXITED if code >= 0 else ExitCause.SIGNALED)
+        return True
+
     def hang(self, local_rank: int) -> bool:
         w = self.workers.get(local_rank)
         if w is None or not w.alive or w.state is WState.HUNG:
