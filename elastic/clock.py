@@ -80,7 +80,15 @@ Waitable = Task[Any] | OneShot
 
 
 class Clock(Protocol):
-    """Time and concurrency, as the agent sees them."""
+    """Time and concurrency, as the agent sees them.
+
+    A spawned task that fails while nobody joins it is recorded in ``unobserved`` (task
+    name, error) until someone retrieves the error (``join``, ``first``): a background
+    failure is never swallowed, and the runner reports what is left.  A task cannot
+    cancel itself (``RuntimeError``): it returns instead.
+    """
+
+    unobserved: list[tuple[str, BaseException]]
 
     def now(self) -> float:
         """Seconds on this world's clock (monotonic; the sim starts at 0)."""

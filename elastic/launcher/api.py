@@ -223,6 +223,14 @@ async def launch_agent_async(
         raise
     finally:
         await opened.aclose(linger=linger)
+        # a background task's failure nobody retrieved: reported, never swallowed
+        for name, err in clock.unobserved:
+            logger.error(
+                "a background task failed and nothing awaited it: %s: %s: %s",
+                name or "(unnamed)",
+                type(err).__name__,
+                err,
+            )
 
 
 def _refuse_output_filters(config: LaunchConfig) -> None:

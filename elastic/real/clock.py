@@ -3,6 +3,13 @@
 A thin adapter: every guarantee of :mod:`elastic.clock` maps onto asyncio's own
 (``asyncio.CancelledError`` is :data:`elastic.clock.Cancelled`; ``asyncio.timeout``
 raises the builtin :class:`TimeoutError` since Python 3.11).
+
+Two rules are the simulator's (``sim.clock``), so that both worlds behave alike:
+
+* a spawned task that fails while nobody has joined it is recorded in
+  :attr:`AsyncioClock.unobserved` (and dropped from it when someone retrieves the error:
+  ``join`` or ``first``), never swallowed; ``elastic run`` logs what is left at its end;
+* a task cannot cancel itself (``RuntimeError``; it returns instead).
 """
 
 from __future__ import annotations
@@ -20,13 +27,16 @@ T = TypeVar("T")
 
 
 class _AsyncioTask(Task[T]):
-    __slots__ = ("_task", "name")
+    __slots__ = ("_clock", "_task", "name")
 
-    def __init__(self, task: asyncio.Task[T], name: str) -> None:
+    def __init__(self, clock: AsyncioClock, task: asyncio.Task[T], name: str) -> None:
+        self._clock = clock
         self._task = task
         self.name = name
 
     def cancel(self) -> None:
+        if self._task is asyncio.current_task():
+            raise RuntimeError(f"task {self.name!r} cannot cancel itself (it returns instead)")
         self._task.cancel()
 
     def done(self) -> bool:
@@ -34,7 +44,11 @@ class _AsyncioTask(Task[T]):
 
     async def join(self) -> T:
         # shield: cancelling the joiner must not cancel the joined task
-        return await asyncio.shield(self._task)
+        try:
+            return await asyncio.shield(self._task)
+        except Exception as e:
+            self._clock._observed(e)
+            raise
 
     def _future(self) -> asyncio.Future[Any]:
         return self._task
@@ -69,6 +83,21 @@ def _future_of(w: Waitable) -> asyncio.Future[Any]:
 class AsyncioClock:
     """The Clock port on the running asyncio loop."""
 
+    def __init__(self) -> None:
+        # (task name, error) of failed tasks whose error nobody has retrieved yet
+        self.unobserved: list[tuple[str, BaseException]] = []
+
+    def _observed(self, exc: BaseException) -> None:
+        self.unobserved = [(n, e) for (n, e) in self.unobserved if e is not exc]
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        # Retrieving the exception here also keeps asyncio from warning at collection.
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, Exception):
+            self.unobserved.append((task.get_name(), exc))
+
     def now(self) -> float:
         return time.monotonic()
 
@@ -77,10 +106,9 @@ class AsyncioClock:
 
     def spawn(self, coro: Coroutine[Any, Any, T], name: str = "") -> Task[T]:
         task = asyncio.get_running_loop().create_task(coro, name=name or None)
-        # A task whose failure nobody joins must not warn at garbage collection; the
-        # agent's supervisor joins what matters.  Retrieve the exception quietly.
-        task.add_done_callback(_quiet)
-        return _AsyncioTask(task, name)
+        # a failure nobody joins is recorded, not swallowed (module docstring)
+        task.add_done_callback(self._done)
+        return _AsyncioTask(self, task, name)
 
     def event(self) -> OneShot:
         return _AsyncioOneShot()
@@ -91,13 +119,20 @@ class AsyncioClock:
         futs = [_future_of(w) for w in waitables]
         for i, f in enumerate(futs):  # lowest index wins ties
             if f.done():
-                return i, f.result()
+                return i, self._result(f)
         # asyncio.wait never cancels what it waits on, so losers keep running
         await asyncio.wait(futs, return_when=asyncio.FIRST_COMPLETED)
         for i, f in enumerate(futs):
             if f.done():
-                return i, f.result()
+                return i, self._result(f)
         raise AssertionError("asyncio.wait returned with nothing done")  # pragma: no cover
+
+    def _result(self, f: asyncio.Future[Any]) -> Any:
+        try:
+            return f.result()
+        except Exception as e:
+            self._observed(e)
+            raise
 
     async def timeout(self, seconds: float, coro: Coroutine[Any, Any, T]) -> T:
         async with asyncio.timeout(max(0.0, seconds)):
@@ -111,11 +146,6 @@ class AsyncioClock:
         not stop ``fn``; it finishes in its thread and its result is dropped.
         """
         return await asyncio.to_thread(fn)
-
-
-def _quiet(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from elastic.clock import Cancelled, Clock
+from elastic.clock import Cancelled, Clock, Task
 
 __all__ = ["ALL_CHECKS", "D", "ClockCheck", "check_clock"]
 
@@ -149,6 +149,47 @@ async def check_first_raises_the_exception_of_a_failed_task(clock: Clock, slack:
     raise AssertionError("first() did not raise the failed task's exception")
 
 
+async def check_a_failure_nobody_joined_is_recorded_until_joined(
+    clock: Clock, slack: float
+) -> None:
+    async def boom() -> None:
+        await clock.sleep(D)
+        raise ValueError("in the background")
+
+    t = clock.spawn(boom(), name="bg")
+    await clock.sleep(2 * D)
+    assert t.done()
+    seen = [(n, str(e)) for n, e in clock.unobserved]
+    assert ("bg", "in the background") in seen, f"the failure was not recorded: {seen}"
+    try:
+        await t.join()
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("join did not raise the task's error")
+    assert not [e for _, e in clock.unobserved if str(e) == "in the background"], (
+        "a retrieved failure is still reported as unobserved"
+    )
+
+
+async def check_a_task_cannot_cancel_itself(clock: Clock, slack: float) -> None:
+    box: list[Task[None]] = []
+    outcome: list[str] = []
+
+    async def selfish() -> None:
+        await clock.sleep(0)
+        try:
+            box[0].cancel()
+        except RuntimeError:
+            outcome.append("refused")
+            return
+        outcome.append("cancelled itself")
+
+    box.append(clock.spawn(selfish(), name="selfish"))
+    await box[0].join()
+    assert outcome == ["refused"], outcome
+
+
 ALL_CHECKS: tuple[ClockCheck, ...] = (
     check_sleep_resumes_after_the_duration,
     check_cancel_reaches_finally_and_join_raises_cancelled,
@@ -158,6 +199,8 @@ ALL_CHECKS: tuple[ClockCheck, ...] = (
     check_oneshot_wakes_every_waiter_once_with_its_value,
     check_first_returns_the_earliest_and_leaves_the_others_running,
     check_first_raises_the_exception_of_a_failed_task,
+    check_a_failure_nobody_joined_is_recorded_until_joined,
+    check_a_task_cannot_cancel_itself,
 )
 
 
