@@ -127,7 +127,7 @@ def _network_partition(
     targets = [c.nodes[i] for i in (f.nodes or ()) if i in c.nodes]
     fields["nodes"] = [n.id for n in targets]
     for n in targets:
-        n.cut = True  # a node down now boots cut off until the heal (SimNode.start)
+        n.cut += 1  # a node down now boots cut off until the heal (SimNode.start)
         if n.store is not None:
             n.store.partition_start()
         if n.workers is not None and n.workers.group is not None:
@@ -182,9 +182,9 @@ async def _later(c: SimCluster, after: float, fn: Callable[[], object]) -> None:
 
 def _heal(nodes: list[SimNode]) -> None:
     for n in nodes:
-        n.cut = False
-        if n.store is not None:  # the client of the node's agent now, maybe a newer one
-            n.store.partition_end()
+        n.cut -= 1
+        if n.cut == 0 and n.store is not None:  # the last of overlapping cuts heals it;
+            n.store.partition_end()  # the client of the node's agent now, maybe newer
 
 
 async def _preempt(node: SimNode, notice: float) -> None:

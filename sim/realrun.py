@@ -187,6 +187,7 @@ class _Run:
     live: dict[int, _Agent] = field(default_factory=dict)
     alive: dict[int, bool] = field(default_factory=dict)  # the sim's SimNode.alive
     incarnations: dict[int, int] = field(default_factory=dict)
+    cuts: dict[int, int] = field(default_factory=dict)  # node -> partitions cutting it now
     events: list[AgentEvent] = field(default_factory=list)
     actions: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
     pending_starts: int = 0
@@ -512,6 +513,7 @@ def _network_partition(run: _Run, f: Fault, index: int, t: float, fields: dict[s
     cuts = run.dir / "cuts"
     cuts.mkdir(exist_ok=True)
     for n in targets:
+        run.cuts[n] = run.cuts.get(n, 0) + 1  # overlapping cuts heal at the last heal
         hosts.cut(n)
         # the model workers' collective learns of it here (see the module docstring)
         tmp = cuts / f".cut.{n}.{index}"
@@ -520,7 +522,9 @@ def _network_partition(run: _Run, f: Fault, index: int, t: float, fields: dict[s
 
     def heal() -> None:
         for n in targets:
-            hosts.heal(n)
+            run.cuts[n] -= 1
+            if run.cuts[n] == 0:
+                hosts.heal(n)
 
     run.later(f.duration or 0.0, heal)
     return True

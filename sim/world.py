@@ -45,9 +45,10 @@ class SimNode:
         self.handler: RendezvousHandler | None = None
         self.incarnation = 0
         self.gpu_bad = False
-        # the machine's link to the store is cut (a network_partition until its heal): a
-        # property of the node, not of its agent, so an agent booted meanwhile starts cut
-        self.cut = False
+        # how many network_partitions cut the machine's link to the store now (each until
+        # its heal; overlapping ones heal at the last): a property of the node, not of its
+        # agent, so an agent booted meanwhile starts cut
+        self.cut = 0
 
     def start(self) -> None:
         """Boot the node: a fresh agent with fresh ports."""

@@ -58,3 +58,21 @@ def test_a_node_restarted_after_the_heal_is_not_cut() -> None:
     )
     joined = _node1_after(events, 80.0, "agent.group_started")
     assert joined and min(joined) < 135.0
+
+
+def test_overlapping_partitions_heal_at_the_last_heal() -> None:
+    # node 1 is cut by two partitions, 35..95 s and 60..160 s; crashed at 30 s and booted
+    # at 40 s, its agent reaches the store only once both have healed (160 s), not at
+    # the first heal (95 s)
+    events = _events(
+        [
+            {"at": "30s", "kind": "node_crash", "node": 1, "restart_after": "10s"},
+            {"at": "35s", "kind": "network_partition", "nodes": [1], "duration": "60s"},
+            {"at": "60s", "kind": "network_partition", "nodes": [1], "duration": "100s"},
+        ]
+    )
+    joined = _node1_after(events, 40.0, "RENDEZVOUS") + _node1_after(
+        events, 40.0, "agent.group_started"
+    )
+    assert joined, "node 1 must rejoin after the heals"
+    assert min(joined) >= 160.0, min(joined)
