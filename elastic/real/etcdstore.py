@@ -637,14 +637,17 @@ class EtcdStoreClient:
         try:
             await self._must(f"set {key!r}", lambda ep, t: ep.kv.Put(req, timeout=t))
         except StoreError as e:
-            if lease is not None and "lease not found" in str(e):
-                if isinstance(lease, EtcdLease):
-                    lease._expired()
-                raise StoreError(
-                    f"lease {lid:x} has expired; cannot attach {key!r} to it"
-                ) from None
-            raise
+            raise self._lease_gone(e, lease, lid, key) from None
         self.stats.bytes_written += len(req.key) + len(req.value)
+
+    @staticmethod
+    def _lease_gone(e: StoreError, lease: Lease | None, lid: int, key: str) -> StoreError:
+        """What a write attaching ``key`` to ``lease`` raises when etcd refused it."""
+        if lease is None or "lease not found" not in str(e):
+            return e
+        if isinstance(lease, EtcdLease):
+            lease._expired()
+        return StoreError(f"lease {lid:x} has expired; cannot attach {key!r} to it")
 
     def _own(self, lease: Lease | None, key: str) -> int:
         if lease is None:
@@ -760,13 +763,7 @@ class EtcdStoreClient:
                 [self._range_op(k)],
             )
         except StoreError as e:
-            if lease is not None and "lease not found" in str(e):
-                if isinstance(lease, EtcdLease):
-                    lease._expired()
-                raise StoreError(
-                    f"lease {lid:x} has expired; cannot attach {key!r} to it"
-                ) from None
-            raise
+            raise self._lease_gone(e, lease, lid, key) from None
         if t.succeeded:
             self.stats.bytes_written += len(k) + len(desired)
             return bytes(desired)

@@ -48,7 +48,7 @@ import contextlib
 import hmac
 import logging
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from elastic.errors import StoreClosedError, StoreError
@@ -968,8 +968,13 @@ class NetStoreClient:
     async def set(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
         v = _bytes(key, value)
         lid = self._lease_id(lease)
+        await self._leased(lease, self._request("set", lambda: (key, v, lid), retry=True))
+
+    @staticmethod
+    async def _leased(lease: Lease | None, request: Awaitable[Any]) -> Any:
+        """``request`` attaches a key to ``lease``: if the server says it is gone, so is it."""
         try:
-            await self._request("set", lambda: (key, v, lid), retry=True)
+            return await request
         except _LeaseGone:
             if isinstance(lease, NetLease):
                 lease._expired()
@@ -1000,14 +1005,8 @@ class NetStoreClient:
         e = None if expected is None else _bytes(key, expected)
         d = _bytes(key, desired)
         lid = self._lease_id(lease)
-        try:
-            return cast(
-                bytes, await self._request("compare_set", lambda: (key, e, d, lid), retry=False)
-            )
-        except _LeaseGone:
-            if isinstance(lease, NetLease):
-                lease._expired()
-            raise
+        request = self._request("compare_set", lambda: (key, e, d, lid), retry=False)
+        return cast(bytes, await self._leased(lease, request))
 
     async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
         ks = list(keys)
