@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import yaml
 
 from sim.inject import HANDLERS
-from sim.run import simulate
-from sim.scenario import FaultKind, load_scenario_text
+from sim.scenario import FaultKind
 from sim.scenario.model import KIND_FIELDS
+from tests.two_nodes import two_node_events
 
 # the smallest value of each field a fault kind can take, on the 2-node cluster below
 _VALUES: dict[str, Any] = {
@@ -32,18 +31,7 @@ def test_every_parsed_fault_kind_has_a_handler_and_every_handler_a_parsed_kind()
 
 
 def _run(faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    text = yaml.safe_dump(
-        {
-            "cluster": {"nodes": 2, "nproc_per_node": 2},
-            "job": {"steps": 200, "step_time": "1s", "startup_time": "1s"},
-            "rendezvous": {"min_nodes": 1, "max_nodes": 3},
-            "agent": {"max_restarts": 10},
-            "until": "2h",
-            "faults": faults,
-        }
-    )
-    events = simulate(load_scenario_text(text), keep_events=True).events
-    return [e.fields for e in events if e.kind == "sim.fault"]
+    return [e.fields for e in two_node_events(faults, steps=200) if e.kind == "sim.fault"]
 
 
 @pytest.mark.parametrize("kind", list(FaultKind), ids=[k.value for k in FaultKind])
@@ -69,22 +57,8 @@ def test_a_fault_on_a_node_that_is_down_is_logged_as_not_applied(kind: FaultKind
     assert second["fault"] == kind.value and second["applied"] is False
 
 
-def _events(faults: list[dict[str, Any]]) -> list[Any]:
-    text = yaml.safe_dump(
-        {
-            "cluster": {"nodes": 2, "nproc_per_node": 2},
-            "job": {"steps": 400, "step_time": "1s", "startup_time": "1s"},
-            "rendezvous": {"min_nodes": 1, "max_nodes": 3},
-            "agent": {"max_restarts": 10},
-            "until": "2h",
-            "faults": faults,
-        }
-    )
-    return list(simulate(load_scenario_text(text), keep_events=True).events)
-
-
 def test_a_node_crash_on_a_node_already_down_schedules_no_second_restart() -> None:
-    events = _events(
+    events = two_node_events(
         [
             {"at": "30s", "kind": "node_crash", "node": 1, "restart_after": "100s"},
             {"at": "60s", "kind": "node_crash", "node": 1, "restart_after": "5s"},
@@ -102,7 +76,7 @@ def test_a_node_crash_on_a_node_already_down_schedules_no_second_restart() -> No
 def test_a_restart_is_dropped_when_the_node_was_booted_since_it_was_scheduled() -> None:
     # the gpu repair boots node 1 at 60 s; it leaves at 90 s; the crash's restart (130 s)
     # must not bring back a node that a later fault removed
-    events = _events(
+    events = two_node_events(
         [
             {"at": "10s", "kind": "gpu_error", "node": 1, "restart_after": "50s"},
             {"at": "30s", "kind": "node_crash", "node": 1, "restart_after": "100s"},
@@ -124,7 +98,7 @@ def test_a_fault_on_a_down_node_does_not_touch_its_next_incarnation(kind: str) -
         fault["notice"] = "100s"
     if kind == "gpu_error":
         fault["restart_after"] = "20s"
-    events = _events(
+    events = two_node_events(
         [{"at": "30s", "kind": "node_crash", "node": 1, "restart_after": "100s"}, fault]
     )
     crash, noop = [e.fields for e in events if e.kind == "sim.fault"]

@@ -5,24 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
-from sim.run import simulate
-from sim.scenario import load_scenario_text
-
-
-def _events(faults: list[dict[str, Any]]) -> list[Any]:
-    text = yaml.safe_dump(
-        {
-            "cluster": {"nodes": 2, "nproc_per_node": 2},
-            "job": {"steps": 400, "step_time": "1s", "startup_time": "1s"},
-            "rendezvous": {"min_nodes": 1, "max_nodes": 3},
-            "agent": {"max_restarts": 10},
-            "until": "2h",
-            "faults": faults,
-        }
-    )
-    return list(simulate(load_scenario_text(text), keep_events=True).events)
+from tests.two_nodes import two_node_events
 
 
 def _node1_after(events: list[Any], t: float, kind: str) -> list[float]:
@@ -31,7 +14,7 @@ def _node1_after(events: list[Any], t: float, kind: str) -> list[float]:
 
 def test_a_node_restarted_during_a_partition_reaches_the_store_only_after_the_heal() -> None:
     # node 1 crashes at 30 s and boots again at 40 s, inside the cut (35 s .. 135 s)
-    events = _events(
+    events = two_node_events(
         [
             {"at": "30s", "kind": "node_crash", "node": 1, "restart_after": "10s"},
             {"at": "35s", "kind": "network_partition", "nodes": [1], "duration": "100s"},
@@ -50,7 +33,7 @@ def test_a_node_restarted_during_a_partition_reaches_the_store_only_after_the_he
 
 
 def test_a_node_restarted_after_the_heal_is_not_cut() -> None:
-    events = _events(
+    events = two_node_events(
         [
             {"at": "30s", "kind": "node_crash", "node": 1, "restart_after": "50s"},
             {"at": "35s", "kind": "network_partition", "nodes": [1], "duration": "10s"},
@@ -64,7 +47,7 @@ def test_overlapping_partitions_heal_at_the_last_heal() -> None:
     # node 1 is cut by two partitions, 35..95 s and 60..160 s; crashed at 30 s and booted
     # at 40 s, its agent reaches the store only once both have healed (160 s), not at
     # the first heal (95 s)
-    events = _events(
+    events = two_node_events(
         [
             {"at": "30s", "kind": "node_crash", "node": 1, "restart_after": "10s"},
             {"at": "35s", "kind": "network_partition", "nodes": [1], "duration": "60s"},
