@@ -280,21 +280,24 @@ def test_an_announced_store_outage_expires_no_lease(
 
 
 @pytest.mark.timeout(60)
+def _start_real(scenario: str, tag: str) -> subprocess.Popen[str]:
+    """``elastic real SCENARIO --time-scale 10`` in the background (stderr kept)."""
+    code = "import sys; from sim.realrun import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen(
+        [sys.executable, "-c", code, str(SCENARIOS / scenario), "--time-scale", "10"],
+        env=dict(os.environ, **{TAG: tag}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
 def test_a_killed_elastic_real_leaves_nothing_running(sig: str, tag: str) -> None:
     import signal
     import time
 
-    env = dict(os.environ, **{TAG: tag})
-    code = "import sys; from sim.realrun import main; sys.exit(main(sys.argv[1:]))"
-    p = subprocess.Popen(
-        [sys.executable, "-c", code, str(SCENARIOS / "fidelity_worker_crash.yaml"),
-         "--time-scale", "10"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    p = _start_real("fidelity_worker_crash.yaml", tag)
     time.sleep(4)  # the agents and their workers are running
     p.send_signal(getattr(signal, sig))
     _, err = p.communicate(timeout=30)
@@ -350,16 +353,7 @@ def test_elastic_real_stopped_during_a_cut_leaves_no_namespace_and_no_process(ta
     import time
 
     _need_namespaces()
-    env = dict(os.environ, **{TAG: tag})
-    code = "import sys; from sim.realrun import main; sys.exit(main(sys.argv[1:]))"
-    p = subprocess.Popen(
-        [sys.executable, "-c", code, str(SCENARIOS / "fidelity_partition_store_side.yaml"),
-         "--time-scale", "10"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    p = _start_real("fidelity_partition_store_side.yaml", tag)
     time.sleep(7.5)  # the cut: scenario 50..90 s, wall 5..9 s after the agents' 1.5 s lead
     assert _namespaces_of(p.pid) != []
     p.send_signal(signal.SIGTERM)
