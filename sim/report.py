@@ -253,8 +253,13 @@ class ReportSink:
                 self.world_sizes.append(self.world_size)
         elif k in (kinds.AGENT_UNHEALTHY, "watchdog.kill_worker_process"):
             self.hangs += 1
-        self.sim_rec.see(k, e.t)
-        self.real_rec.see(k, e.t)
+        # only the recoveries the report gives: a simulated run's (world broken -> running
+        # again) or a real log's (a break -> the next group start); the other would keep a
+        # float per node per round for nothing (memory growing with simulated time)
+        if self.simulated:
+            self.sim_rec.see(k, e.t)
+        else:
+            self.real_rec.see(k, e.t)
 
     def result(self) -> dict[str, Any]:
         """The report of the events seen so far."""
