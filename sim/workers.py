@@ -124,6 +124,12 @@ class Training:
         self._pid += 1
         return self._pid
 
+    def next_pids(self, n: int) -> int:
+        """The first of ``n`` consecutive new pids (as ``n`` calls of :meth:`next_pid`)."""
+        first = self._pid + 1
+        self._pid += n
+        return first
+
     def world_for(self, round_: int, size: int) -> World:
         w = self.worlds.get(round_)
         if w is None or w.size != size:
@@ -174,6 +180,17 @@ class World:
             return
         self.members[w.global_rank] = w
         w.world = self
+
+    def join_all(self, workers: Iterable[SimWorker]) -> None:
+        """:meth:`join` each of ``workers``, in order (a node's group, in one call)."""
+        if self.state is not WorldState.FORMING:
+            for w in workers:
+                self.join(w)
+            return
+        members = self.members
+        for w in workers:
+            members[w.global_rank] = w
+            w.world = self
 
     def member_ready(self, w: SimWorker) -> None:
         if w.world is not self or self.state is not WorldState.FORMING:
@@ -336,10 +353,11 @@ class SimGroup:
         self._waiter: OneShot | None = None
         size = int(launches[0].env.get("WORLD_SIZE", "0")) if launches else 0
         world = t.world_for(launches[0].round if launches else 0, size)
-        for ln in launches:
-            w = SimWorker(self, ln, t.next_pid())
-            self.workers[ln.local_rank] = w
-            world.join(w)
+        pid = t.next_pids(len(launches))
+        workers = self.workers
+        for i, ln in enumerate(launches):
+            workers[ln.local_rank] = SimWorker(self, ln, pid + i)
+        world.join_all(workers.values())
         self._order = sorted(self.workers.values(), key=_by_local_rank)
         self._pids = {lr: w.pid for lr, w in self.workers.items()}
         self.world = world

@@ -353,9 +353,17 @@ class SimpleElasticAgent(ElasticAgent):
         return self.clock.now()
 
     def _emit(self, kind: str, rank: int | None = None, **fields: Any) -> None:
-        # Performance: ~21 events per node per job restart in a large simulation, so the
-        # clock is read without the property and the event is made positionally, with
-        # the keyword arguments' own dict as its fields (never copied)
+        self._emit_fields(kind, rank, fields)
+
+    def _emit_fields(self, kind: str, rank: int | None, fields: dict[str, Any]) -> None:
+        """Emit one event whose fields are ``fields``, which the event keeps (not copied:
+        the caller hands over a dict of its own).  Every event of the agent comes here; a
+        subclass that observes them overrides this method.
+
+        Performance: ~21 events per node per job restart in a large simulation, 16 of them
+        per worker, which are emitted with a dict display, not keyword arguments (an
+        eighth of a microsecond each); the clock is read without the property and the
+        event is made positionally."""
         clock = self._clock
         now = (clock if clock is not None else self.clock).now()
         self.last_event_time = now
@@ -664,14 +672,11 @@ class SimpleElasticAgent(ElasticAgent):
         wg.master_addr = spec.master_addr or info.bootstrap_store_info.master_addr
         wg.master_port = spec.master_port or info.bootstrap_store_info.master_port
         lws = spec.local_world_size
+        base_global, base_role = assignment.base_global_rank, assignment.base_role_rank
+        world_size, role_world_size = assignment.world_size, assignment.role_world_size
+        # positional: eight workers per node per job restart in a large simulation
         wg.workers = [
-            Worker(
-                local_rank=r,
-                global_rank=assignment.base_global_rank + r,
-                role_rank=assignment.base_role_rank + r,
-                world_size=assignment.world_size,
-                role_world_size=assignment.role_world_size,
-            )
+            Worker(r, base_global + r, base_role + r, world_size, role_world_size)
             for r in range(lws)
         ]
         self._emit(
@@ -768,19 +773,21 @@ class SimpleElasticAgent(ElasticAgent):
         ]
         self._group = await self.workers_port.start(launches)
         pids = self._group.pids()
-        emit = self._emit
+        emit = self._emit_fields
         group_rank = wg.group_rank
         for w in wg.workers:
             w.id = pids.get(w.local_rank)
             emit(
                 kinds.WORKER_START,
-                rank=w.global_rank,
-                local_rank=w.local_rank,
-                role_rank=w.role_rank,
-                world_size=w.world_size,
-                group_rank=group_rank,
-                worker_pid=w.id,
-                attempt=attempt,
+                w.global_rank,
+                {
+                    "local_rank": w.local_rank,
+                    "role_rank": w.role_rank,
+                    "world_size": w.world_size,
+                    "group_rank": group_rank,
+                    "worker_pid": w.id,
+                    "attempt": attempt,
+                },
             )
         wg.state = WorkerState.HEALTHY
         self._emit(
@@ -802,16 +809,14 @@ class SimpleElasticAgent(ElasticAgent):
             exits = await group.stop(self._shutdown_timeout, self._death_sig)
         except Cancelled:
             raise
-        workers, emit, attempt = self._worker_group.workers, self._emit, self._attempt
+        workers, emit, attempt = self._worker_group.workers, self._emit_fields, self._attempt
         for ex in exits:
             emit(
                 kinds.WORKER_TERMINATED,
-                rank=workers[ex.local_rank].global_rank,
-                local_rank=ex.local_rank,
-                exit_code=ex.exit_code,
-                attempt=attempt,
+                workers[ex.local_rank].global_rank,
+                {"local_rank": ex.local_rank, "exit_code": ex.exit_code, "attempt": attempt},
             )
-        emit(kinds.AGENT_GROUP_STOPPED, reason=reason, attempt=attempt)
+        emit(kinds.AGENT_GROUP_STOPPED, None, {"reason": reason, "attempt": attempt})
 
     async def _restart_workers(self, wg: WorkerGroup, reason: str, detail: str = "") -> None:
         self._emit(
