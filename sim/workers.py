@@ -337,9 +337,10 @@ class SimGroup:
     """A RunningGroup of simulated workers on one node.
 
     Performance: a node's workers start, stop and exit together at every job restart
-    (eight per node, ~20 restarts a simulated day at 2,048 nodes), so the group keeps
-    them in local-rank order once (``_order``) and :meth:`_exit_all` ends several in one
-    call; each exit is still one :class:`WorkerExit`, taken one by one by ``next_exit``.
+    (eight per node, ~20 restarts a simulated day at 2,048 nodes), so :meth:`_exit_all`
+    ends several in one call; each exit is still one :class:`WorkerExit`, taken one by
+    one by ``next_exit``.  (A group holds nothing more per worker than its ``workers``:
+    one group per node is alive, and at 2,048 nodes each extra container is a MiB.)
     """
 
     def __init__(self, port: SimWorkers, launches: Sequence[WorkerLaunch]) -> None:
@@ -358,8 +359,6 @@ class SimGroup:
         for i, ln in enumerate(launches):
             workers[ln.local_rank] = SimWorker(self, ln, pid + i)
         world.join_all(workers.values())
-        self._order = sorted(self.workers.values(), key=_by_local_rank)
-        self._pids = {lr: w.pid for lr, w in self.workers.items()}
         self.world = world
         ev = t.clock.env.timeout(t.model.startup_time)
         ev.callbacks.append(self._started)
@@ -463,7 +462,7 @@ class SimGroup:
 
     # -- the RunningGroup port --------------------------------------------------------------------
     def pids(self) -> dict[int, int]:
-        return dict(self._pids)
+        return {lr: w.pid for lr, w in self.workers.items()}
 
     def running(self) -> frozenset[int]:
         return frozenset(lr for lr, w in self.workers.items() if w.alive)
@@ -487,7 +486,9 @@ class SimGroup:
                 self._exit(w, -sig, ExitCause.STOPPED_BY_AGENT, reason="signal")
 
     async def stop(self, grace: float, sig: int = 15) -> list[WorkerExit]:
-        live = [w for w in self._order if w.state is not _EXITED]  # by local rank
+        live = sorted(
+            [w for w in self.workers.values() if w.state is not _EXITED], key=_by_local_rank
+        )
         if not live:
             return []
         training = self.port.training
