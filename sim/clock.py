@@ -2,20 +2,25 @@
 
 Theory of operation
 -------------------
-simpy drives any object with ``send``/``throw``, so it drives a coroutine: an
-awaitable whose ``__await__`` yields a simpy event suspends the coroutine until that
-event fires, and ``await`` chains pass the yield through to the outermost coroutine,
-which simpy runs as a ``Process``.  Each spawned task is one ``Process`` running a small
-driver (``_SimTask._drive``) that records the outcome, so a failing or cancelled task
-never crashes the simulation; a failure nobody retrieved is kept in
-:attr:`SimClock.unobserved` for the runner to report.
+An awaitable whose ``__await__`` yields a simpy event (``_Yield``) suspends a coroutine
+until that event fires, and ``await`` chains pass the yield through to the outermost
+coroutine.  Each spawned task (:class:`_Task`) is itself the simpy event that fires when
+it has finished, and drives its coroutine as simpy's ``Process`` drives a generator:
+resumed by the event it waits on, in the same queue entries (an urgent start entry when
+spawned, its own event when it ends).  It records the outcome, so a failing or
+cancelled task never crashes the simulation; a failure nobody retrieved is kept in
+:attr:`SimClock.unobserved` for the runner to report.  (On a plain simpy
+``Environment``, which tests use for comparisons, a task is a simpy ``Process`` running
+``_SimTask._drive``: the same order, checked by tests/test_sim_clock_wake.py.)
 
-Cancellation is simpy's public ``Process.interrupt`` with a cause of our own, which the
-awaitable the coroutine is suspended in (``_Yield``) turns into
-:data:`elastic.clock.Cancelled` (``asyncio.CancelledError``), so agent code sees the same
-exception type in both worlds and no simpy ``Interrupt``.  A timeout is a race between
-the guarded task and a deadline; the loser is cancelled and awaited, so its ``finally``
-has run before :class:`TimeoutError` is raised — as ``asyncio.timeout`` does.
+Cancellation is an urgent entry, as simpy's ``Process.interrupt``, that throws
+:data:`elastic.clock.Cancelled` (``asyncio.CancelledError``) into the coroutine where it
+waits, so agent code sees the same exception type in both worlds and no simpy
+``Interrupt`` (on a plain simpy environment ``_Yield`` turns the interrupt into it).
+``first()`` and ``timeout()`` wait on an :class:`_AnyOf`, simpy's ``AnyOf`` without its
+value.  A timeout is a race between the guarded task and a deadline; the loser is
+cancelled and awaited, so its ``finally`` has run before :class:`TimeoutError` is raised
+— as ``asyncio.timeout`` does.
 
 Shared wake-ups
 ---------------
@@ -145,6 +150,140 @@ class _SimTask(Task[T], Generic[T]):
         return self.result()
 
 
+class _Kick:
+    """A queue entry of the clock's own environment that runs one call, as the simpy
+    event it stands for would run its one callback: a task's start (simpy's
+    ``Initialize``) and its cancellation (simpy's ``Interruption``), both urgent.  It is
+    no simpy event: :class:`_Env` reads only the names below, which simpy's events have
+    too (a successful event, nobody's to defuse)."""
+
+    __slots__ = ("callbacks",)
+    ok = True
+    defused = False
+    value = None
+
+    def __init__(self, call: Callable[[Any], None]) -> None:
+        self.callbacks: list[Callable[[Any], None]] | None = [call]
+
+
+class _Task(Event, Task[T], Generic[T]):
+    """A task on the clock's own environment: the event that fires when the task has
+    finished, driving the coroutine itself.
+
+    It does what a simpy ``Process`` running ``_SimTask._drive`` did, step for step and
+    in the same queue entries (a start entry, urgent, when it is spawned; its own event,
+    scheduled when the coroutine ends; an urgent entry per cancellation), so the run's
+    order is the same (tests/test_sim_clock_wake.py runs random programs on both).  What
+    it saves per task: the ``Process``, its ``Initialize`` event and the ``_drive``
+    coroutine, a frame that every resume of the task passed through; per cancellation,
+    simpy's ``Interrupt`` and its conversion into :data:`Cancelled`, which is thrown
+    into the coroutine directly."""
+
+    def __init__(self, clock: SimClock, coro: Coroutine[Any, Any, T], name: str) -> None:
+        super().__init__(clock.senv)
+        self._clock = clock
+        self.name = name
+        self._coro: Coroutine[Any, Any, T] | None = coro
+        self._outcome = _Outcome.RUNNING
+        self._result: T | None = None
+        self._exc: BaseException | None = None
+        # the callback that resumes the task, one bound method for all its waits (so
+        # removing it from a cancelled wait is an identity test); dropped at the end
+        self._resume_cb: Callable[[Any], None] | None = self._advance
+        # the event the task waits on
+        self._waiting: Any = _Kick(self._advance)
+        cast(_Env, clock.env).schedule(self._waiting, URGENT)
+
+    def _advance(self, event: Any) -> None:
+        """Resume the coroutine with ``event``'s outcome and run it to its next wait (as
+        simpy's ``Process`` does), or record how it ended."""
+        clock = self._clock
+        coro = self._coro
+        assert coro is not None
+        clock._current = self
+        while True:
+            try:
+                if event.ok:
+                    event = coro.send(event.value)
+                elif type(event) is _Cancelling:
+                    event = coro.throw(Cancelled())
+                else:
+                    # as a Process: the failure is the task's now, and it gets a copy
+                    event.defused = True
+                    failure = event.value
+                    exc = type(failure)(*failure.args)
+                    exc.__cause__ = failure
+                    event = coro.throw(exc)
+            except StopIteration as stop:
+                self._result = stop.value
+                self._outcome = _Outcome.RETURNED
+            except Cancelled:
+                self._outcome = _Outcome.CANCELLED
+            except Exception as e:
+                self._exc = e
+                self._outcome = _Outcome.FAILED
+                clock.unobserved.append((self.name, e))
+            except BaseException as e:
+                self._coro = self._resume_cb = None
+                clock._current = None
+                self.fail(e)  # type: ignore[arg-type]  # crashes the run, as a Process's
+                return
+            else:
+                callbacks = event.callbacks
+                if callbacks is None:
+                    continue  # already processed: its outcome goes straight back in
+                callbacks.append(self._resume_cb)
+                self._waiting = event
+                clock._current = None
+                return
+            self._coro = self._resume_cb = self._waiting = None
+            clock._current = None
+            self.succeed()
+            return
+
+    def _interrupted(self, _kick: Any) -> None:
+        if self._coro is None:
+            return  # it ended before the cancellation came up (as an Interruption)
+        self._waiting.callbacks.remove(self._resume_cb)
+        self._advance(_CANCELLING)
+
+    def cancel(self) -> None:
+        if self._coro is None:
+            return
+        if self is self._clock._current:
+            raise RuntimeError(f"task {self.name!r} cannot cancel itself in the simulator")
+        cast(_Env, self._clock.env).schedule(_Kick(self._interrupted), URGENT)
+
+    def done(self) -> bool:
+        return self._outcome is not _Outcome.RUNNING
+
+    def result(self) -> T:
+        if self._outcome is _Outcome.RETURNED:
+            return self._result  # type: ignore[return-value]
+        if self._outcome is _Outcome.CANCELLED:
+            raise Cancelled()
+        if self._outcome is _Outcome.FAILED:
+            assert self._exc is not None
+            self._clock._observed(self._exc)
+            raise self._exc
+        raise RuntimeError(f"task {self.name!r} has not finished")
+
+    async def join(self) -> T:
+        if self._outcome is _Outcome.RUNNING:
+            await _Yield(self)
+        return self.result()
+
+
+class _Cancelling:
+    """What a cancelled task's coroutine is resumed with: :data:`Cancelled` thrown in."""
+
+    __slots__ = ()
+    ok = False
+
+
+_CANCELLING = _Cancelling()
+
+
 class _SimOneShot(OneShot):
     __slots__ = ("_ev",)
 
@@ -160,6 +299,41 @@ class _SimOneShot(OneShot):
 
     async def wait(self) -> Any:
         return await _Yield(self._ev)
+
+
+class _AnyOf(Event):
+    """simpy's ``AnyOf`` as ``first()`` and ``timeout()`` use it, cheaper: the same
+    callbacks in the same places and the same one event scheduled when the first of
+    ``events`` fires (so the run's order is unchanged), without a ``ConditionValue`` that
+    nobody reads.  As simpy's condition: it fails if the event that fires failed, and
+    once it is processed it takes itself out of the other events' callbacks (on a
+    cancelled wait that happens when one of them fires)."""
+
+    def __init__(self, env: simpy.Environment, events: tuple[Event, ...]) -> None:
+        super().__init__(env)
+        self.events = events
+        for event in events:
+            if event.callbacks is None:
+                self(event)
+            else:
+                # the object itself is the callback: removing it is an identity test
+                event.callbacks.append(self)
+        self.callbacks.append(self._remove)
+
+    def __call__(self, event: Event) -> None:
+        if self.triggered:
+            return
+        if not event.ok:
+            event.defused = True
+            self.fail(cast(Exception, event.value))
+        else:
+            self.succeed()
+
+    def _remove(self, _ev: Event) -> None:
+        for event in self.events:
+            callbacks = event.callbacks
+            if callbacks and self in callbacks:
+                callbacks.remove(self)
 
 
 #: the priority of observers' entries (after every event of the run at their instant)
@@ -242,7 +416,7 @@ class _Env:
         self._entries: list[tuple[float, int, int, list[Any]]] = []
         self._ids = count()
         # (time, priority) -> the batch of its pending queue entry, open for joining
-        self._open: dict[tuple[float, int], list[Event]] = {}
+        self._open: dict[tuple[float, int], list[Event | _Kick]] = {}
         self.aside = 0  # queue entries that are not the run's own (progress ticks, stops)
 
     @property
@@ -290,7 +464,9 @@ class _Env:
                 ) from None
         return None
 
-    def schedule(self, event: Event, priority: EventPriority = NORMAL, delay: float = 0) -> None:
+    def schedule(
+        self, event: Event | _Kick, priority: EventPriority = NORMAL, delay: float = 0
+    ) -> None:
         t = self.now + delay
         key = (t, priority)
         batch = self._open.get(key)
@@ -389,6 +565,13 @@ class SimClock:
         # the same object, where simpy's constructors want an Environment
         self.senv = cast(simpy.Environment, self.env)
         self.unobserved: list[tuple[str, BaseException]] = []
+        # the task whose coroutine is running (a task cannot cancel itself)
+        self._current: _Task[Any] | None = None
+        # on the clock's own environment a task drives its coroutine itself; on simpy's
+        # (comparisons in tests) it is a simpy Process
+        self._task: type[_Task[Any]] | type[_SimTask[Any]] = (
+            _Task if type(self.env) is _Env else _SimTask
+        )
         wake_after = getattr(self.env, "wake_after", None)
         self._wake_after = wake_after if wake_after is not None else self.env.timeout
 
@@ -431,7 +614,7 @@ class SimClock:
         return _Yield(self._wake_after(max(0.0, seconds)))
 
     def spawn(self, coro: Coroutine[Any, Any, T], name: str = "") -> Task[T]:
-        return _SimTask(self, coro, name)
+        return self._task(self, coro, name)
 
     def event(self) -> OneShot:
         return _SimOneShot(self.senv)
@@ -446,6 +629,8 @@ class SimClock:
     def event_of(w: Waitable) -> Event:
         """The simpy event that fires when ``w`` (a task or event of this clock) does: for
         ``env.run(until=...)`` and the simulator's own models."""
+        if isinstance(w, _Task):
+            return w
         if isinstance(w, _SimTask):
             return w._proc
         if isinstance(w, _SimOneShot):
@@ -454,14 +639,14 @@ class SimClock:
 
     @staticmethod
     def _value_of(w: Waitable) -> Any:
-        if isinstance(w, _SimTask):
+        if isinstance(w, (_Task, _SimTask)):
             return w.result()
         assert isinstance(w, _SimOneShot)
         return w._ev.value
 
     @staticmethod
     def _is_done(w: Waitable) -> bool:
-        if isinstance(w, _SimTask):
+        if isinstance(w, (_Task, _SimTask)):
             return w.done()
         assert isinstance(w, _SimOneShot)
         return w.is_set()
@@ -472,24 +657,25 @@ class SimClock:
         for i, w in enumerate(waitables):  # lowest index wins ties
             if self._is_done(w):
                 return i, self._value_of(w)
-        await _Yield(AnyOf(self.senv, [self.event_of(w) for w in waitables]))
+        await _Yield(_AnyOf(self.senv, tuple(map(self.event_of, waitables))))
         for i, w in enumerate(waitables):
             if self._is_done(w):
                 return i, self._value_of(w)
         raise AssertionError("AnyOf fired with nothing done")  # pragma: no cover
 
     async def timeout(self, seconds: float, coro: Coroutine[Any, Any, T]) -> T:
-        task = _SimTask(self, coro, "timeout")
+        task: _Task[T] | _SimTask[T] = self._task(self, coro, "timeout")
+        ev = self.event_of(task)
         deadline = self._wake_after(max(0.0, seconds))
         try:
-            await _Yield(AnyOf(self.senv, [task._proc, deadline]))
+            await _Yield(_AnyOf(self.senv, (ev, deadline)))
         except Cancelled:
             task.cancel()
             raise
         if task.done():
             return task.result()
         task.cancel()
-        await _Yield(task._proc)
+        await _Yield(ev)
         if task._outcome is _Outcome.RETURNED:  # finished in the same instant
             return task.result()
         if task._outcome is _Outcome.FAILED:
