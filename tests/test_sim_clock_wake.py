@@ -30,6 +30,11 @@ class _Counting(simpy.Environment):
         super().schedule(event, priority, delay)
 
 
+async def _fail_after(clock: SimClock, seconds: float) -> None:
+    await clock.sleep(seconds)
+    raise ValueError(f"failed at {clock.now()}")
+
+
 def _program(clock: SimClock, seed: int) -> list[tuple[float, str]]:
     """Random tasks that sleep, spawn, cancel each other, set events and race timeouts on
     a few delays (so many sleeps end at the same instant); returns what happened, when."""
@@ -59,6 +64,19 @@ def _program(clock: SimClock, seed: int) -> list[tuple[float, str]]:
                         await clock.timeout(rng.choice(delays), clock.sleep(rng.choice(delays)))
                     except TimeoutError:
                         log.append((clock.now(), f"{name} timed out"))
+                elif choice < 0.93:
+                    # first() of a sleeping task and the shared event (fired or not yet)
+                    racer = clock.spawn(clock.sleep(rng.choice(delays)), name=f"{name}.r")
+                    won, _ = await clock.first(racer, ev)
+                    log.append((clock.now(), f"{name} first {won}"))
+                    racer.cancel()
+                elif choice < 0.96:
+                    # a failing task, joined: its error comes back through join()
+                    failing = clock.spawn(_fail_after(clock, rng.choice(delays)), name=name)
+                    try:
+                        await failing.join()
+                    except ValueError as e:
+                        log.append((clock.now(), f"{name} joined {e}"))
                 else:
                     # a raw simpy timeout at a shared instant: sleeps after it resume after it
                     clock.env.timeout(rng.choice(delays)).callbacks.append(
