@@ -94,6 +94,22 @@ class _Yield:
             raise
 
 
+class _Awaitable:
+    """An event of the clock's own environment that a coroutine awaits directly: no
+    ``_Yield`` per wait, since there a cancellation is thrown into the coroutine as
+    :data:`Cancelled` already (:class:`_Task`); on a plain simpy environment every wait
+    goes through ``_Yield``."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return (yield self)
+
+
+class _OwnEvent(_Awaitable, Event):
+    """A OneShot's event on the clock's own environment."""
+
+
 class _Outcome(enum.Enum):
     RUNNING = 0
     RETURNED = 1
@@ -166,7 +182,7 @@ class _Kick:
         self.callbacks: list[Callable[[Any], None]] | None = [call]
 
 
-class _Task(Event, Task[T], Generic[T]):
+class _Task(_Awaitable, Event, Task[T], Generic[T]):
     """A task on the clock's own environment: the event that fires when the task has
     finished, driving the coroutine itself.
 
@@ -203,7 +219,11 @@ class _Task(Event, Task[T], Generic[T]):
         clock._current = self
         while True:
             try:
-                if event.ok:
+                if type(event) is _Wake:
+                    # Performance: most resumes are a sleep's (a store round trip's
+                    # latency); a wake-up never fails and carries no value
+                    event = coro.send(None)
+                elif event.ok:
                     event = coro.send(event.value)
                 elif type(event) is _Cancelling:
                     event = coro.throw(Cancelled())
@@ -270,7 +290,7 @@ class _Task(Event, Task[T], Generic[T]):
 
     async def join(self) -> T:
         if self._outcome is _Outcome.RUNNING:
-            await _Yield(self)
+            await self
         return self.result()
 
 
@@ -288,7 +308,8 @@ class _SimOneShot(OneShot):
     __slots__ = ("_ev",)
 
     def __init__(self, env: simpy.Environment) -> None:
-        self._ev = Event(env)
+        own = type(cast(object, env)) is _Env
+        self._ev = _OwnEvent(env) if own else Event(env)
 
     def set(self, value: Any = None) -> None:
         if not self._ev.triggered:
@@ -298,10 +319,11 @@ class _SimOneShot(OneShot):
         return bool(self._ev.triggered)
 
     async def wait(self) -> Any:
-        return await _Yield(self._ev)
+        ev = self._ev
+        return await (ev if isinstance(ev, _Awaitable) else _Yield(ev))
 
 
-class _AnyOf(Event):
+class _AnyOf(_Awaitable, Event):
     """simpy's ``AnyOf`` as ``first()`` and ``timeout()`` use it, cheaper: the same
     callbacks in the same places and the same one event scheduled when the first of
     ``events`` fires (so the run's order is unchanged), without a ``ConditionValue`` that
@@ -332,15 +354,18 @@ class _AnyOf(Event):
     def _remove(self, _ev: Event) -> None:
         for event in self.events:
             callbacks = event.callbacks
-            if callbacks and self in callbacks:
-                callbacks.remove(self)
+            if callbacks:
+                try:  # noqa: SIM105  (one scan of the list, no context manager)
+                    callbacks.remove(self)
+                except ValueError:
+                    pass
 
 
 #: the priority of observers' entries (after every event of the run at their instant)
 _ASIDE = EventPriority(2)
 
 
-class _Wake(Timeout):
+class _Wake(_Awaitable, Timeout):
     """One wake-up shared by every sleep that ends at the same time (one Timeout each
     before): a Timeout whose callbacks are the sleepers' and are run one by one (see
     :class:`_Env`)."""
@@ -491,7 +516,7 @@ class _Env:
         self.aside += 1  # the id this call took is no event
         return n
 
-    def wake_after(self, delay: float) -> Event:
+    def wake_after(self, delay: float) -> _Wake:
         """The event that fires ``delay`` from now, shared with other sleeps to that time."""
         batch = self._open.get((self.now + delay, NORMAL))
         if batch is not None:
@@ -569,9 +594,8 @@ class SimClock:
         self._current: _Task[Any] | None = None
         # on the clock's own environment a task drives its coroutine itself; on simpy's
         # (comparisons in tests) it is a simpy Process
-        self._task: type[_Task[Any]] | type[_SimTask[Any]] = (
-            _Task if type(self.env) is _Env else _SimTask
-        )
+        self._own = type(self.env) is _Env
+        self._task: type[_Task[Any]] | type[_SimTask[Any]] = _Task if self._own else _SimTask
         wake_after = getattr(self.env, "wake_after", None)
         self._wake_after = wake_after if wake_after is not None else self.env.timeout
 
@@ -605,12 +629,14 @@ class SimClock:
         return env.now if type(env) is _Env else float(env.now)
 
     async def sleep(self, seconds: float) -> None:
-        await _Yield(self._wake_after(max(0.0, seconds)))
+        await self.after(seconds)
 
     def after(self, seconds: float) -> Awaitable[None]:
         """``await clock.after(s)`` is ``await clock.sleep(s)`` for the simulator's own hot
         paths (a store round trip): the wait is scheduled when ``after`` is called, and no
         coroutine is made per wait."""
+        if self._own:
+            return cast(_Env, self.env).wake_after(seconds if seconds > 0 else 0.0)
         return _Yield(self._wake_after(max(0.0, seconds)))
 
     def spawn(self, coro: Coroutine[Any, Any, T], name: str = "") -> Task[T]:
@@ -657,7 +683,8 @@ class SimClock:
         for i, w in enumerate(waitables):  # lowest index wins ties
             if self._is_done(w):
                 return i, self._value_of(w)
-        await _Yield(_AnyOf(self.senv, tuple(map(self.event_of, waitables))))
+        any_ = _AnyOf(self.senv, tuple(map(self.event_of, waitables)))
+        await (any_ if self._own else _Yield(any_))
         for i, w in enumerate(waitables):
             if self._is_done(w):
                 return i, self._value_of(w)
@@ -668,14 +695,15 @@ class SimClock:
         ev = self.event_of(task)
         deadline = self._wake_after(max(0.0, seconds))
         try:
-            await _Yield(_AnyOf(self.senv, (ev, deadline)))
+            any_ = _AnyOf(self.senv, (ev, deadline))
+            await (any_ if self._own else _Yield(any_))
         except Cancelled:
             task.cancel()
             raise
         if task.done():
             return task.result()
         task.cancel()
-        await _Yield(ev)
+        await (cast(_Task[T], ev) if self._own else _Yield(ev))
         if task._outcome is _Outcome.RETURNED:  # finished in the same instant
             return task.result()
         if task._outcome is _Outcome.FAILED:
