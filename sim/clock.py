@@ -2,16 +2,17 @@
 
 Theory of operation
 -------------------
-An awaitable whose ``__await__`` yields a simpy event (``_Yield``) suspends a coroutine
-until that event fires, and ``await`` chains pass the yield through to the outermost
-coroutine.  Each spawned task (:class:`_Task`) is itself the simpy event that fires when
-it has finished, and drives its coroutine as simpy's ``Process`` drives a generator:
-resumed by the event it waits on, in the same queue entries (an urgent start entry when
-spawned, its own event when it ends).  It records the outcome, so a failing or
-cancelled task never crashes the simulation; a failure nobody retrieved is kept in
-:attr:`SimClock.unobserved` for the runner to report.  (On a plain simpy
-``Environment``, which tests use for comparisons, a task is a simpy ``Process`` running
-``_SimTask._drive``: the same order, checked by tests/test_sim_clock_wake.py.)
+A coroutine awaits a simpy event of the clock's own (an awaitable whose ``__await__``
+yields the event, :class:`_Awaitable`): it is suspended until that event fires, and
+``await`` chains pass the yield through to the outermost coroutine.  Each spawned task
+(:class:`_Task`) is itself the simpy event that fires when it has finished, and drives
+its coroutine as simpy's ``Process`` drives a generator: resumed by the event it waits
+on, in the same queue entries (an urgent start entry when spawned, its own event when it
+ends).  It records the outcome, so a failing or cancelled task never crashes the
+simulation; a failure nobody retrieved is kept in :attr:`SimClock.unobserved` for the
+runner to report.  (On a plain simpy ``Environment``, which tests use for comparisons, a
+task is a simpy ``Process`` running ``_SimTask._drive`` and every wait goes through
+``_Yield``: the same order, checked by tests/test_sim_clock_wake.py.)
 
 Cancellation is an urgent entry, as simpy's ``Process.interrupt``, that throws
 :data:`elastic.clock.Cancelled` (``asyncio.CancelledError``) into the coroutine where it
@@ -477,9 +478,10 @@ class _Env:
             if at <= self.now:
                 raise ValueError(f"until ({at}) must be greater than the current simulation time")
             self._push_calls(at, URGENT, _stop)
+        step = self.step
         try:
             while True:
-                self.step()
+                step()
         except StopSimulation as stop:
             return stop.args[0]
         except EmptySchedule:
