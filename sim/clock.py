@@ -49,6 +49,7 @@ per sleep); only simpy's queue entries and the time spent drop.
 from __future__ import annotations
 
 import enum
+import types
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from heapq import heappop, heappush
@@ -109,6 +110,13 @@ class _Awaitable:
 
 class _OwnEvent(_Awaitable, Event):
     """A OneShot's event on the clock's own environment."""
+
+
+@types.coroutine
+def _waiting_for(ev: Event) -> Generator[Event, Any, Any]:
+    """A coroutine that waits for ``ev`` (one generator: no coroutine frame of its own
+    around the wait); on the clock's own environment only, as :class:`_Awaitable`."""
+    return (yield ev)
 
 
 class _Outcome(enum.Enum):
@@ -319,9 +327,18 @@ class _SimOneShot(OneShot):
     def is_set(self) -> bool:
         return bool(self._ev.triggered)
 
-    async def wait(self) -> Any:
+    def wait(self) -> Coroutine[Any, Any, Any]:
+        # Performance: the store's waits for a key or a revision run through here; on
+        # the clock's own environment the wait is one generator, not a coroutine
+        # awaiting one (both can be awaited, spawned and passed to timeout())
         ev = self._ev
-        return await (ev if isinstance(ev, _Awaitable) else _Yield(ev))
+        if isinstance(ev, _Awaitable):
+            return cast(Coroutine[Any, Any, Any], _waiting_for(ev))
+        return self._wait_yield(ev)
+
+    @staticmethod
+    async def _wait_yield(ev: Event) -> Any:
+        return await _Yield(ev)
 
 
 class _AnyOf(_Awaitable, Event):
