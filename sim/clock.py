@@ -216,7 +216,7 @@ class _Task(_Awaitable, Event, Task[T], Generic[T]):
         # removing it from a cancelled wait is an identity test); dropped at the end
         self._resume_cb: Callable[[Any], None] | None = self._advance
         # the event the task waits on
-        self._waiting: Any = _Kick(self._advance)
+        self._waiting: Any = _Kick(self._resume_cb)
         cast(_Env, clock.env).schedule(self._waiting, URGENT)
 
     def _advance(self, event: Any) -> None:
@@ -691,6 +691,8 @@ class SimClock:
 
     @staticmethod
     def _is_done(w: Waitable) -> bool:
+        if type(w) is _Task:  # Performance: first() asks this of every waitable
+            return w._outcome is not _Outcome.RUNNING
         if isinstance(w, (_Task, _SimTask)):
             return w.done()
         assert isinstance(w, _SimOneShot)
