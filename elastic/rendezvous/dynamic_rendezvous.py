@@ -894,10 +894,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
             chosen = choose_members(ids, previous, core, last_call_passed=passed, pending=pending)
             if chosen is not None:
                 # After the decision r<r>/m/ holds the members' keys only (module doc)
-                left_out = set(ids).difference(chosen)
-                for node in left_out:
-                    await store.delete(mprefix + node)
-                if left_out:  # the members watch from after these deletes
+                left_out = sorted(set(ids).difference(chosen))
+                if left_out:
+                    await self._delete_all([mprefix + node for node in left_out])
+                    # the members watch from after these deletes
                     rev, _ = await store.snapshot(self._rk(r, "ev/"))
                 mine = _dump(
                     {"version": _VERSION, "round": r, "members": list(chosen), "clean": rev}
@@ -921,6 +921,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # expire, a new last call to end, or the round to end.
             with contextlib.suppress(TimeoutError):  # the join timeout: the loop raises it
                 await store.watch(self._c, rev, max(0.0, deadline - clock.now()))
+
+    async def _delete_all(self, keys: list[str]) -> None:
+        """Delete ``keys`` at once: one round trip's time for all of them, not one each
+        (a round that leaves spares out deletes one key per spare before its result)."""
+        clock, store = self._clock, self._store
+        tasks = [clock.spawn(store.delete(key), name="rdzv-left-out") for key in keys]
+        try:
+            for task in tasks:
+                await task.join()
+        finally:
+            for task in tasks:
+                task.cancel()
 
     async def _arm_last_call(self, r: int, token: bytes) -> float:
         """Start round ``r``'s last call; return when it ends on this node's clock."""
@@ -983,20 +995,23 @@ class DynamicRendezvousHandler(RendezvousHandler):
         watch = self._round_watch = clock.spawn(
             self._round_watch_body(r, members), name="rdzv-round-watch"
         )
-        # Performance: rank 0 never waits for its own address: it reads it inline.  The
-        # others learn of the result when rank 0 does, so their read would mostly block:
-        # it is raced against the watch at once (one operation, not a try and a retry).
-        if rank == 0:
-            try:
-                return RendezvousInfo(
-                    store,
-                    rank,
-                    len(members),
-                    await RendezvousStoreInfo.build_async(rank, store, self._addr, port, 0.0),
-                    round=r,
-                )
-            except TimeoutError:
-                pass
+        # Performance: most members find rank 0's address already published: read it
+        # inline first, and race only a read that would block (a task, an AnyOf and a
+        # timer each, in the simulator).  Every member learns of the result at the same
+        # instant as rank 0, so the others first yield once (no time passes): rank 0's
+        # publish, sent in that instant, then reaches the store before their reads.
+        if rank != 0:
+            await clock.sleep(0)
+        try:
+            return RendezvousInfo(
+                store,
+                rank,
+                len(members),
+                await RendezvousStoreInfo.build_async(rank, store, self._addr, port, 0.0),
+                round=r,
+            )
+        except TimeoutError:
+            pass
         build = clock.spawn(
             RendezvousStoreInfo.build_async(rank, store, self._addr, port, wait),
             name="rdzv-master-addr",
