@@ -6,7 +6,9 @@ them with store operations, awaiting only the clock and store ports.
 Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
 ---------------------------------------------------
 * ``state`` — JSON ``{"version": 1, "round": r, "closed": bool}``, changed with
-  ``compare_set`` only when a round ends or the rendezvous closes.  Never per heartbeat.
+  ``compare_set`` only when a round ends (then with ``"by": node``, the node that ended
+  it, so that only that node's ``compare_set`` gets its own value back) or the
+  rendezvous closes.  Never per heartbeat.
 * ``alive/<node>`` — attached to the node's lease: liveness without heartbeat writes.
 * ``r<r>/m/<node>`` (leased) and ``r<r>/count`` — joining round ``r`` is one ``set`` and
   one ``add`` (the arrival index ``n``; with ``min_nodes < max_nodes`` the add comes
@@ -28,28 +30,41 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
 * ``state/r<r>/result`` — the members of round ``r`` in rank order, written once with
   ``compare_set(None → …)`` by the decider, or at once by the arrival that brings the
   live joiners to ``max_nodes``.  Before writing it the decider deletes the ``m/`` keys
-  of the joiners it left out, so from then on ``r<r>/m/`` holds the members only.
+  of the joiners it left out (all at once), so from then on ``r<r>/m/`` holds the
+  members only, and records in it (``"clean"``) the store's revision after those
+  deletes: the members watch the round from there, with no read first.  The winner of
+  the result deletes round ``r - 1``'s result (read by round ``r``'s decider only).
 * ``r<r>/ev/<node>`` (leased) — a late arrival on the wait list; ``x/r<r>/<node>``
   (leased) — on the redundancy list.
 * ``r<r>/m/`` itself (the members' prefix, no node: node ids are never empty) — the end
-  marker: the round is over (next round number, or closed).
+  marker: the round is over; its value is the state that ended it (the next round, or
+  closed).  ``r<r>/ev/`` holds a copy, written in the same ``multi_set``, so a member's
+  one read of ``r<r>/ev/`` after a wake finds both the wait list and the marker.
 
 Invariants (each O(1) per node per round; the decider's reads are O(N), once)
 ------------------------------------------------------------------------------
+* A round costs a member about seven store round trips (2,048 nodes: ~15 before): the
+  state (a ``compare_set`` that opens the next round, or is answered by the one who
+  did; none after reading the end marker), the round's own keys ``state/r<r>/`` (O(1)),
+  ``set`` + ``add`` to join, one watch of the ``state`` prefix and one read of
+  ``state/r<r>/`` for the result, one watch of the round and one read when it wakes —
+  plus rank 0's address.  The O(N) result is read once, from ``state/r<r>/`` only.
 * A joiner waits on the ``state`` key's prefix (state, result, lc, dec): O(1) keys, and
-  it changes O(1) times a round.  At the last call's end every live joiner makes one
-  ``compare_set``; one decides.
+  it changes O(1) times a round (the state moves on only once the round has a result,
+  and the previous round's result goes only after this one's).  At the last call's end
+  every live joiner makes one ``compare_set``; one decides.
 * A member watches ``r<r>/`` (``r<r>/m/`` alone while the ranks are exchanged), a wait
   or redundant node ``r<r>/m/``: after the decision those prefixes change only when a
   member's key goes (its lease expired, or it left), a node arrives on the wait list,
-  or the round ends.  So a wake that neither the state, the end marker nor a wait-list
-  key explains *is* a member lost: no member check, no ring — every member's expiry is
+  or the round ends.  So a wake that neither the end marker nor a wait-list key
+  explains *is* a member lost: no member check, no ring — every member's expiry is
   seen by every live node at once, whoever else is dead, and a wait or redundant node
   ends the round itself (every member may be dead).  A node parking on a complete round
   reads ``r<r>/m/`` once (a member may have died before it came).
 * Ending a round (or closing) is two writes: the ``state``, then the end marker.  A node
   that dies between them strands nobody for longer than a lease: the others wake when
-  its own ``m/`` key goes, and find the state moved on.
+  its own ``m/`` key goes (``peer_lost``: a member reads the marker, not the state), and
+  their next join finds the state moved on.
 * A store that compacts its history may wake a watch spuriously ("maybe changed", as
   etcd reports a compacted revision); a member then reads that as a member lost and the
   round restarts once.  The in-memory store keeps at least 16 mutations per live key.
@@ -69,8 +84,9 @@ member's address until their join timeout.
 
 Each round has its own store, ``elastic/rdzv/<run_id>/s/<r>/`` (a :class:`PrefixStore`),
 where rank 0 publishes MASTER_ADDR/MASTER_PORT.  Round ``r``'s keys (``r<r>/``,
-``x/r<r>/``, ``state/r<r>/``) and its store are deleted once round ``r + 1`` is complete
-and a new round opens (nobody reads them then): the store does not grow with restarts.
+``x/r<r>/``, ``state/r<r>/``) and its store are deleted once nobody reads them — its
+result when round ``r + 1`` has one, the rest when round ``r + 2`` opens: the store
+does not grow with restarts.
 
 Two ways to build the handler
 -----------------------------
