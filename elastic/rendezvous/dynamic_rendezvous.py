@@ -43,9 +43,9 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
 
 Invariants (each O(1) per node per round; the decider's reads are O(N), once)
 ------------------------------------------------------------------------------
-* A round costs a member about seven store round trips (2,048 nodes: ~15 before): the
-  state (a ``compare_set`` that opens the next round, or is answered by the one who
-  did; none after reading the end marker), the round's own keys ``state/r<r>/`` (O(1)),
+* A round costs a member eight store round trips (~14 before): the state (a
+  ``compare_set`` that opens the next round, or is answered by the one who did), the
+  round's own keys ``state/r<r>/`` (O(1)),
   ``set`` + ``add`` to join, one watch of the ``state`` prefix and one read of
   ``state/r<r>/`` for the result, one watch of the round and one read when it wakes —
   plus rank 0's address.  The O(N) result is read once, from ``state/r<r>/`` only.
@@ -452,7 +452,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._clean: tuple[int, int] = (-1, 0)
         # the state round ``_round`` was joined under, until this member asks again
         self._member_state: bytes | None = None
-        # the state that ended this member's round, read from the round's end marker
+        # the state this node's compare_set just ended a round with (used at once)
         self._known_state: bytes | None = None
 
     @classmethod
@@ -606,9 +606,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
         A member of round ``r`` asks again for a new round, which it opens itself unless
         someone did: one ``compare_set`` from the state it joined round ``r`` under (it
-        was written once) returns the state either way.  A member whose round's end
-        marker it read already (:meth:`_watch_round`: the marker is the state that ended
-        the round) starts from that.  Anyone else reads the state.
+        was written once) returns the state either way.  A state that ended this member's
+        round (:meth:`_advance` just now) is taken as it is.  Anyone else reads the state.
+        (Not the end marker's value: read when the round ended, it may be a round or two
+        behind by the time the agent asks again, and that round's keys may be gone.)
         """
         known, self._known_state = self._known_state, None
         joined, self._member_state = self._member_state, None
@@ -687,7 +688,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 if end is not None:
                     if self._end_closed(r, end):
                         return "closed"
-                    self._known_state = end  # the state that ended the round
                     return "nodes_waiting" if waiting else "restarted"
                 if waiting:
                     return "nodes_waiting"
@@ -1004,13 +1004,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             )
         wait = max(deadline - self._clock.now(), self._ttl)
         clock = self._clock
-        # Performance: the member watch of the round starts here and is the same task that
-        # watch_async() later joins, so guarding the exchanges costs no store operation
-        # beyond the watch the agent runs anyway (measured with bench/bench_sim.py).
         self._drop_round_watch()
-        watch = self._round_watch = clock.spawn(
-            self._round_watch_body(r, members), name="rdzv-round-watch"
-        )
         # Performance: most members find rank 0's address already published: read it
         # inline first, and race only a read that would block (a task, an AnyOf and a
         # timer each, in the simulator).  Every member learns of the result at the same
@@ -1028,6 +1022,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
             )
         except TimeoutError:
             pass
+        # The member watch of the round starts here only if the read would block (it
+        # watches from the round's clean revision, so starting it later misses nothing),
+        # and is the same task that watch_async() later joins, so guarding the exchange
+        # costs no store operation beyond the watch the agent runs anyway.
+        watch = self._round_watch = clock.spawn(
+            self._round_watch_body(r, members), name="rdzv-round-watch"
+        )
         build = clock.spawn(
             RendezvousStoreInfo.build_async(rank, store, self._addr, port, wait),
             name="rdzv-master-addr",
