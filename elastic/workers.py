@@ -19,7 +19,7 @@ import enum
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from elastic._records import Frozen, set_fields
+from elastic._records import Frozen, slot_setters
 
 __all__ = ["ExitCause", "RunningGroup", "WorkerExit", "WorkerLaunch", "WorkersPort"]
 
@@ -46,13 +46,19 @@ class WorkerLaunch(Frozen):
         attempt: int = 0,
         round: int = 0,
     ) -> None:
-        set_fields(self, "local_rank", local_rank)
-        set_fields(self, "global_rank", global_rank)
-        set_fields(self, "env", env)
-        set_fields(self, "entrypoint", entrypoint)
-        set_fields(self, "args", args)
-        set_fields(self, "attempt", attempt)
-        set_fields(self, "round", round)
+        _l_local_rank(self, local_rank)
+        _l_global_rank(self, global_rank)
+        _l_env(self, env)
+        _l_entrypoint(self, entrypoint)
+        _l_args(self, args)
+        _l_attempt(self, attempt)
+        _l_round(self, round)
+
+
+# one launch per worker per start: the slots' setters directly (elastic._records.slot_setters)
+_l_local_rank, _l_global_rank, _l_env, _l_entrypoint, _l_args, _l_attempt, _l_round = slot_setters(
+    WorkerLaunch, "local_rank", "global_rank", "env", "entrypoint", "args", "attempt", "round"
+)
 
 
 class ExitCause(enum.Enum):
@@ -98,18 +104,41 @@ class WorkerExit(Frozen):
         error_file: str | None = None,
         extra: Mapping[str, Any] | None = None,
     ) -> None:
-        set_fields(self, "local_rank", local_rank)
-        set_fields(self, "exit_code", exit_code)
-        set_fields(self, "time", time)
-        set_fields(self, "cause", cause)
-        set_fields(self, "pid", pid)
-        set_fields(self, "return_value", return_value)
-        set_fields(self, "error_file", error_file)
-        set_fields(self, "extra", {} if extra is None else extra)
+        _x_local_rank(self, local_rank)
+        _x_exit_code(self, exit_code)
+        _x_time(self, time)
+        _x_cause(self, cause)
+        _x_pid(self, pid)
+        _x_return_value(self, return_value)
+        _x_error_file(self, error_file)
+        _x_extra(self, {} if extra is None else extra)
 
     @property
     def failed(self) -> bool:
         return self.exit_code != 0
+
+
+# one exit per worker per stop: the slots' setters directly (elastic._records.slot_setters)
+(
+    _x_local_rank,
+    _x_exit_code,
+    _x_time,
+    _x_cause,
+    _x_pid,
+    _x_return_value,
+    _x_error_file,
+    _x_extra,
+) = slot_setters(
+    WorkerExit,
+    "local_rank",
+    "exit_code",
+    "time",
+    "cause",
+    "pid",
+    "return_value",
+    "error_file",
+    "extra",
+)
 
 
 class RunningGroup(Protocol):

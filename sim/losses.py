@@ -76,6 +76,22 @@ class _Gap:
 class LostTime:
     """Feed events in order with :meth:`see`; :meth:`result` gives the breakdown."""
 
+    #: the only kinds :meth:`see` reacts to (a sink may skip the others: sim.report)
+    KINDS = frozenset(
+        {
+            "sim.start",
+            "sim.fault",
+            kinds.AGENT_START,
+            "sim.progress",
+            "sim.world_broken",
+            "sim.world_done",
+            "sim.world_running",
+            kinds.AGENT_GROUP_STOPPED,
+            kinds.RENDEZVOUS,
+            *_REACTIONS,
+        }
+    )
+
     def __init__(self, keep_spans: bool = False) -> None:
         # (t0, t1, part) of every lost span, for the timeline plot; off for the report,
         # which keeps only sums (its memory must not grow with the run)

@@ -29,7 +29,7 @@ Definitions:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from elastic.events import AgentEvent, kinds
@@ -73,6 +73,11 @@ class _Recoveries:
         self.pending: list[float] = []
         self.times: list[float] = []
 
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The only kinds :meth:`see` reacts to."""
+        return self.breaks | {self.resumes}
+
     def see(self, kind: str, t: float) -> None:
         if kind in self.breaks:
             self.pending.append(t)
@@ -92,6 +97,18 @@ class _Causes:
     """
 
     __slots__ = ("budget", "last_failure", "last_fault", "lines", "max_restarts", "seen")
+
+    #: the only kinds :meth:`see` reacts to (a sink may skip the others)
+    KINDS = frozenset(
+        {
+            "sim.fault",
+            kinds.AGENT_START,
+            kinds.WORKER_FAILED,
+            kinds.AGENT_REFUSED_START,
+            kinds.AGENT_RENDEZVOUS_ERROR,
+            kinds.AGENT_FINISH,
+        }
+    )
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -174,10 +191,20 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
     return report.result()
 
 
+_Handler = Callable[[AgentEvent], None]
+
+
 class ReportSink:
     """:func:`build_report` as an event sink: fed each event as it happens (the simulator
     streams its log through it), it holds only what the report needs — counters, the
-    recovery in progress, one entry per node and per round — never the events."""
+    recovery in progress, one entry per node and per round — never the events.
+
+    Performance: each event goes only to the parts that react to its kind (each part
+    says which: ``KINDS``; tests/test_report_fastpath.py checks that the others leave
+    every part as it was), through a table from kind to those parts' handlers, made the
+    first time a kind is seen.  Most of a large run's events (a worker's start or stop, a
+    rank assignment) are only counted.
+    """
 
     def __init__(self) -> None:
         self.simulated = False
@@ -205,56 +232,97 @@ class ReportSink:
         self.causes = _Causes()
         self.losses = LostTime()
         self.faults: dict[str, int] = {}
+        # this sink's own reaction per kind (the counters of the report)
+        self._own: dict[str, _Handler] = {
+            "sim.fault": self._sim_fault,
+            "sim.start": self._sim_start,
+            "sim.end": self._sim_end,
+            kinds.AGENT_START: self._agent_start,
+            kinds.AGENT_FINISH: self._agent_finish,
+            kinds.AGENT_RESTART: self._agent_restart,
+            kinds.RENDEZVOUS: self._rendezvous,
+            kinds.AGENT_GROUP_STARTED: self._group_started,
+            kinds.AGENT_UNHEALTHY: self._hang,
+            "watchdog.kill_worker_process": self._hang,
+        }
+        self._recovery_kinds = self.sim_rec.kinds | self.real_rec.kinds
+        self._routes: dict[str, tuple[_Handler, ...]] = {}
+
+    def _route(self, kind: str) -> tuple[_Handler, ...]:
+        """The handlers of ``kind``'s events, in the order the parts are fed."""
+        handlers: list[_Handler] = []
+        if kind in _Causes.KINDS:
+            handlers.append(self.causes.see)
+        if kind in LostTime.KINDS:
+            handlers.append(self.losses.see)
+        own = self._own.get(kind)
+        if own is not None:
+            handlers.append(own)
+        if kind in self._recovery_kinds:
+            handlers.append(self._recovery)
+        route = self._routes[kind] = tuple(handlers)
+        return route
 
     def emit(self, e: AgentEvent) -> None:
-        if e.kind == kinds.WORKER_START:
-            # Performance: half of a large run's events (one per worker per start), and
-            # none of the report's parts reads them but to count them (causes, lost time
-            # and recoveries ignore the kind; tests/test_report_fastpath.py checks it)
-            self.count += 1
-            t = e.t
-            if self.t0 is None:
-                self.t0 = t
-            self.last_t = (t if t > self.last_t else self.last_t) if self.count > 1 else t
-            self.nodes.add(e.node)
-            return
         self.count += 1
-        self.causes.see(e)
-        self.losses.see(e)
-        k = e.kind
-        if k == "sim.fault" and e.fields.get("applied", True):
+        t = e.t
+        if self.t0 is None:
+            self.t0 = t
+        self.last_t = (t if t > self.last_t else self.last_t) if self.count > 1 else t
+        self.nodes.add(e.node)
+        route = self._routes.get(e.kind)
+        if route is None:
+            route = self._route(e.kind)
+        for handler in route:
+            handler(e)
+
+    # -- each kind's own reaction ---------------------------------------------------------
+    def _sim_fault(self, e: AgentEvent) -> None:
+        if e.fields.get("applied", True):
             kind = str(e.fields.get("fault", "fault"))
             self.faults[kind] = self.faults.get(kind, 0) + 1
-        if self.t0 is None:
-            self.t0 = e.t
-        self.last_t = max(self.last_t, e.t) if self.count > 1 else e.t
-        self.nodes.add(e.node)
-        if k == "sim.start":
-            self.simulated = True
-            self.start = dict(e.fields)
-        elif k == "sim.end":
-            self.end = dict(e.fields)
-            self.end_t = e.t
-        elif k == kinds.AGENT_START:
-            self.incarnation[e.node] = self.incarnation.get(e.node, 0) + 1
-        elif k == kinds.AGENT_FINISH:
-            self.finish_states.add(str(e.fields.get("state")))
-            self.finished_nodes.add(e.node)
-            key = (e.node, self.incarnation.get(e.node, 0))
-            self.restarts_by_agent[key] = int(e.fields.get("restarts", 0))
-        elif k == kinds.AGENT_RESTART and e.fields.get("reason") == kinds.RESTART_MEMBERSHIP:
+
+    def _sim_start(self, e: AgentEvent) -> None:
+        self.simulated = True
+        self.start = dict(e.fields)
+
+    def _sim_end(self, e: AgentEvent) -> None:
+        self.end = dict(e.fields)
+        self.end_t = e.t
+
+    def _agent_start(self, e: AgentEvent) -> None:
+        self.incarnation[e.node] = self.incarnation.get(e.node, 0) + 1
+
+    def _agent_finish(self, e: AgentEvent) -> None:
+        self.finish_states.add(str(e.fields.get("state")))
+        self.finished_nodes.add(e.node)
+        key = (e.node, self.incarnation.get(e.node, 0))
+        self.restarts_by_agent[key] = int(e.fields.get("restarts", 0))
+
+    def _agent_restart(self, e: AgentEvent) -> None:
+        if e.fields.get("reason") == kinds.RESTART_MEMBERSHIP:
             key = (e.node, self.incarnation.get(e.node, 0))
             self.membership_by_agent[key] = self.membership_by_agent.get(key, 0) + 1
-        elif k == kinds.RENDEZVOUS:
-            self.rounds.add(int(e.fields.get("round", 0)))
-        elif k == kinds.AGENT_GROUP_STARTED:
-            self.world_size = int(e.fields.get("world_size", self.world_size))
-            if not self.world_sizes or self.world_sizes[-1] != self.world_size:
-                self.world_sizes.append(self.world_size)
-        elif k in (kinds.AGENT_UNHEALTHY, "watchdog.kill_worker_process"):
-            self.hangs += 1
-        self.sim_rec.see(k, e.t)
-        self.real_rec.see(k, e.t)
+
+    def _rendezvous(self, e: AgentEvent) -> None:
+        self.rounds.add(int(e.fields.get("round", 0)))
+
+    def _group_started(self, e: AgentEvent) -> None:
+        self.world_size = int(e.fields.get("world_size", self.world_size))
+        if not self.world_sizes or self.world_sizes[-1] != self.world_size:
+            self.world_sizes.append(self.world_size)
+
+    def _hang(self, e: AgentEvent) -> None:
+        self.hangs += 1
+
+    def _recovery(self, e: AgentEvent) -> None:
+        # only the recoveries the report gives: a simulated run's (world broken -> running
+        # again) or a real log's (a break -> the next group start); the other would keep a
+        # float per node per round for nothing (memory growing with simulated time)
+        if self.simulated:
+            self.sim_rec.see(e.kind, e.t)
+        else:
+            self.real_rec.see(e.kind, e.t)
 
     def result(self) -> dict[str, Any]:
         """The report of the events seen so far."""

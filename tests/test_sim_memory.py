@@ -137,3 +137,44 @@ def test_a_past_round_leaves_no_key_in_the_simulated_store(monkeypatch: pytest.M
     }
     rounds |= {int(k.split("/s/")[1].split("/")[0]) for k in keys if "/s/" in k}
     assert rounds and min(rounds) >= last - 2, (last, sorted(rounds))
+
+
+# a node crash every ~30 simulated minutes, each machine back 2 minutes later: a new agent
+# (store client, lease, worker groups) per crash
+NODE_CHURN = """name: node churn
+seed: 5
+until: {hours}h
+cluster: {{nodes: 6, nproc_per_node: 2}}
+job: {{steps: 100000000, step_time: 2s, startup_time: 20s, checkpoint_every: 100,
+      checkpoint_time: 5s}}
+rendezvous: {{min_nodes: 3, max_nodes: 6}}
+agent: {{max_restarts: 100000}}
+faults:
+  - {{kind: node_crash, every: 30m, restart_after: 2m}}
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_crashed_nodes_agent_is_freed_with_everything_it_held() -> None:
+    """A node's first agent is built before the run starts.  When the simulator froze that
+    heap (``gc.freeze``) to spare the collector, a crashed node's first agent was never
+    freed, nor its last worker group, workers, store client and lease: one agent leaked
+    per crashed node, memory grew with simulated time (sim/gcpause.py)."""
+    from sim.store import _ClientLease
+
+    held: list[tuple[int, int]] = []
+
+    def sample(now: float, until: float) -> None:
+        if now >= 0.9 * until and not held:
+            gc.collect()
+            leases = [o for o in gc.get_objects() if type(o) is _ClientLease]
+            dead = sum(1 for lease in leases if lease._client.dead)
+            held.append((_live(SimGroup), dead))
+
+    sc = load_scenario_text(NODE_CHURN.format(hours=24), "node-churn.yaml")
+    report = simulate(sc, progress=sample).report
+    assert report["faults"].get("node_crash", 0) >= 30, report["faults"]
+    (groups, dead_leases) = held[-1]
+    # the live nodes' groups (one each, and one being replaced), nothing of a dead agent
+    assert groups <= 2 * 6, groups
+    assert dead_leases <= 1, dead_leases  # a node crashed at the very end, still held

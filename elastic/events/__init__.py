@@ -30,7 +30,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from elastic._records import Frozen, set_fields
+from elastic._records import Frozen, slot_setters
 
 if TYPE_CHECKING:
     from elastic.events.api import (
@@ -110,12 +110,14 @@ class AgentEvent(Frozen):
         rank: int | None = None,
         fields: Mapping[str, Any] | None = None,
     ) -> None:
-        set_fields(self, "t", t)
-        set_fields(self, "node", node)
-        set_fields(self, "kind", kind)
-        set_fields(self, "role", role)
-        set_fields(self, "rank", rank)
-        set_fields(self, "fields", {} if fields is None else fields)
+        _set_t(self, t)
+        _set_node(self, node)
+        _set_kind(self, kind)
+        _set_role(self, role)
+        _set_rank(self, rank)
+        # kept as given, not copied: an event is made per worker start and stop, and its
+        # maker hands over a dict of its own (``_emit``'s keyword arguments)
+        _set_fields(self, {} if fields is None else fields)
 
     def to_json(self) -> str:
         """One JSON line; keys sorted so the same run gives the same bytes."""
@@ -126,7 +128,8 @@ class AgentEvent(Frozen):
                 "role": self.role,
                 "rank": self.rank,
                 "kind": self.kind,
-                "fields": dict(self.fields),
+                # a dict as it is (no copy per line of a log); another mapping as a dict
+                "fields": self.fields if type(self.fields) is dict else dict(self.fields),
             },
             sort_keys=True,
             separators=(",", ":"),
@@ -143,6 +146,11 @@ class AgentEvent(Frozen):
             rank=d.get("rank"),
             fields=dict(d.get("fields") or {}),
         )
+
+
+_set_t, _set_node, _set_kind, _set_role, _set_rank, _set_fields = slot_setters(
+    AgentEvent, "t", "node", "kind", "role", "rank", "fields"
+)
 
 
 class EventSink(Protocol):

@@ -495,8 +495,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         zygote.start()
 
     # -- hooks of the loop ---------------------------------------------------------------
-    def _emit(self, kind: str, rank: int | None = None, **fields: Any) -> None:
-        super()._emit(kind, rank, **fields)
+    def _emit_fields(self, kind: str, rank: int | None, fields: dict[str, Any]) -> None:
+        super()._emit_fields(kind, rank, fields)
         _log_event(self._worker_group.spec, kind, rank, fields)
 
     async def _start_workers(self, wg: WorkerGroup) -> None:
