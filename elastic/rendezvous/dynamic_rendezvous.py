@@ -6,7 +6,9 @@ them with store operations, awaiting only the clock and store ports.
 Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
 ---------------------------------------------------
 * ``state`` — JSON ``{"version": 1, "round": r, "closed": bool}``, changed with
-  ``compare_set`` only when a round ends or the rendezvous closes.  Never per heartbeat.
+  ``compare_set`` only when a round ends (then with ``"by": node``, the node that ended
+  it, so that only that node's ``compare_set`` gets its own value back) or the
+  rendezvous closes.  Never per heartbeat.
 * ``alive/<node>`` — attached to the node's lease: liveness without heartbeat writes.
 * ``r<r>/m/<node>`` (leased) and ``r<r>/count`` — joining round ``r`` is one ``set`` and
   one ``add`` (the arrival index ``n``; with ``min_nodes < max_nodes`` the add comes
@@ -28,28 +30,41 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
 * ``state/r<r>/result`` — the members of round ``r`` in rank order, written once with
   ``compare_set(None → …)`` by the decider, or at once by the arrival that brings the
   live joiners to ``max_nodes``.  Before writing it the decider deletes the ``m/`` keys
-  of the joiners it left out, so from then on ``r<r>/m/`` holds the members only.
+  of the joiners it left out (all at once), so from then on ``r<r>/m/`` holds the
+  members only, and records in it (``"clean"``) the store's revision after those
+  deletes: the members watch the round from there, with no read first.  The winner of
+  the result deletes round ``r - 1``'s result (read by round ``r``'s decider only).
 * ``r<r>/ev/<node>`` (leased) — a late arrival on the wait list; ``x/r<r>/<node>``
   (leased) — on the redundancy list.
 * ``r<r>/m/`` itself (the members' prefix, no node: node ids are never empty) — the end
-  marker: the round is over (next round number, or closed).
+  marker: the round is over; its value is the state that ended it (the next round, or
+  closed).  ``r<r>/ev/`` holds a copy, written in the same ``multi_set``, so a member's
+  one read of ``r<r>/ev/`` after a wake finds both the wait list and the marker.
 
 Invariants (each O(1) per node per round; the decider's reads are O(N), once)
 ------------------------------------------------------------------------------
+* A round costs a member eight store round trips (~14 before): the state (a
+  ``compare_set`` that opens the next round, or is answered by the one who did), the
+  round's own keys ``state/r<r>/`` (O(1)),
+  ``set`` + ``add`` to join, one watch of the ``state`` prefix and one read of
+  ``state/r<r>/`` for the result, one watch of the round and one read when it wakes —
+  plus rank 0's address.  The O(N) result is read once, from ``state/r<r>/`` only.
 * A joiner waits on the ``state`` key's prefix (state, result, lc, dec): O(1) keys, and
-  it changes O(1) times a round.  At the last call's end every live joiner makes one
-  ``compare_set``; one decides.
+  it changes O(1) times a round (the state moves on only once the round has a result,
+  and the previous round's result goes only after this one's).  At the last call's end
+  every live joiner makes one ``compare_set``; one decides.
 * A member watches ``r<r>/`` (``r<r>/m/`` alone while the ranks are exchanged), a wait
   or redundant node ``r<r>/m/``: after the decision those prefixes change only when a
   member's key goes (its lease expired, or it left), a node arrives on the wait list,
-  or the round ends.  So a wake that neither the state, the end marker nor a wait-list
-  key explains *is* a member lost: no member check, no ring — every member's expiry is
+  or the round ends.  So a wake that neither the end marker nor a wait-list key
+  explains *is* a member lost: no member check, no ring — every member's expiry is
   seen by every live node at once, whoever else is dead, and a wait or redundant node
   ends the round itself (every member may be dead).  A node parking on a complete round
   reads ``r<r>/m/`` once (a member may have died before it came).
 * Ending a round (or closing) is two writes: the ``state``, then the end marker.  A node
   that dies between them strands nobody for longer than a lease: the others wake when
-  its own ``m/`` key goes, and find the state moved on.
+  its own ``m/`` key goes (``peer_lost``: a member reads the marker, not the state), and
+  their next join finds the state moved on.
 * A store that compacts its history may wake a watch spuriously ("maybe changed", as
   etcd reports a compacted revision); a member then reads that as a member lost and the
   round restarts once.  The in-memory store keeps at least 16 mutations per live key.
@@ -69,8 +84,9 @@ member's address until their join timeout.
 
 Each round has its own store, ``elastic/rdzv/<run_id>/s/<r>/`` (a :class:`PrefixStore`),
 where rank 0 publishes MASTER_ADDR/MASTER_PORT.  Round ``r``'s keys (``r<r>/``,
-``x/r<r>/``, ``state/r<r>/``) and its store are deleted once round ``r + 1`` is complete
-and a new round opens (nobody reads them then): the store does not grow with restarts.
+``x/r<r>/``, ``state/r<r>/``) and its store are deleted once nobody reads them — its
+result when round ``r + 1`` has one, the rest when round ``r + 2`` opens: the store
+does not grow with restarts.
 
 Two ways to build the handler
 -----------------------------
@@ -299,13 +315,16 @@ class _Corrupt(Exception):
 # O(N^2) on one CPU.  bytes cache their hash, so this cache makes the repeat reads O(1);
 # the value is still checked in full, once.
 class _Members(tuple[str, ...]):
-    """Node ids in rank order, with an O(1) rank lookup (``in`` uses it too)."""
+    """Node ids in rank order, with an O(1) rank lookup (``in`` uses it too), and the
+    revision from which the members watch the round (``clean``; None: not recorded)."""
 
     rank: dict[str, int]
+    clean: int | None
 
-    def __new__(cls, ids: list[str]) -> _Members:
+    def __new__(cls, ids: list[str], clean: int | None = None) -> _Members:
         self = super().__new__(cls, ids)
         self.rank = {m: i for i, m in enumerate(self)}
+        self.clean = clean
         return self
 
     def __contains__(self, node: object) -> bool:
@@ -320,7 +339,9 @@ def _index(raw: bytes) -> int:
         return 0
 
 
-@functools.lru_cache(maxsize=32)
+# a round's members are read by every member of it, once: the current round's and the
+# last one's suffice (32 held ~10 MiB of member lists at 2,048 nodes, for nothing)
+@functools.lru_cache(maxsize=4)
 def _parse_result(raw: bytes, max_nodes: int) -> _Members | None:
     try:
         obj = _load("result", raw)
@@ -335,7 +356,24 @@ def _parse_result(raw: bytes, max_nodes: int) -> _Members | None:
         raise _Corrupt("field 'members' must be a non-empty list of node ids")
     if len(set(members)) != len(members) or len(members) > max_nodes:
         raise _Corrupt(f"{len(members)} members is not a valid membership")
-    return _Members(members)
+    clean = obj.get("clean")
+    if clean is not None and (not isinstance(clean, int) or isinstance(clean, bool) or clean < 0):
+        raise _Corrupt(f"field 'clean' must be a non-negative int, got {clean!r}")
+    return _Members(members, clean)
+
+
+# Performance: every node reads the same few state values (the same bytes objects from
+# the in-memory store) several times a round: decoded once each, as the result is.
+@functools.lru_cache(maxsize=32)
+def _parse_state(raw: bytes) -> _State:
+    try:
+        obj = _load("state", raw)
+        st = _State(_field("state", obj, "round", int), _field("state", obj, "closed", bool))
+    except RendezvousStateError as e:
+        raise _Corrupt(str(e).split(": ", 1)[1].split(". Another", 1)[0]) from None
+    if st.round < 0:
+        raise _Corrupt(f"negative round {st.round}")
+    return st
 
 
 class DynamicRendezvousHandler(RendezvousHandler):
@@ -385,6 +423,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if not node_id or "/" in node_id:
             raise ValueError(f"The node id {node_id!r} must be non-empty and contain no '/'.")
         self._node = node_id
+        self._by = json.dumps(node_id)  # as it appears in the state a node writes
         self._addr = node_addr
         self._settings = settings
         self._backend_name = backend_name
@@ -414,6 +453,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._round_watch: Task[str | Exception] | None = None
         # (round, revision) from which a member's watch of that round has seen no change
         self._clean: tuple[int, int] = (-1, 0)
+        # the state round ``_round`` was joined under, until this member asks again
+        self._member_state: bytes | None = None
+        # the state this node's compare_set just ended a round with (used at once)
+        self._known_state: bytes | None = None
 
     @classmethod
     def from_backend(
@@ -532,29 +575,54 @@ class DynamicRendezvousHandler(RendezvousHandler):
         )
         self._drop_round_watch()
         await self._ensure_lease()
+        store = self._store
         while True:
-            raw_state, st = await self._read_state()
+            raw_state, st = await self._current_state()
             if st.closed:
                 self._raise_closed()
             r = st.round
-            raw = await self._store.try_get(self._ek(r, "result"))
+            # the round's own keys (result, last call, claim): O(1) keys, and the revision
+            # from which a joiner waits for them
+            rev, snap = await store.snapshot(self._ek(r, ""))
+            raw = snap.get(self._ek(r, "result"))
             members: _Members | None
             if raw is None:
-                members = await self._join_open_round(r, deadline)
+                members = await self._join_open_round(r, deadline, rev, snap)
             else:
                 members = self._decode_result(r, raw)
                 if members is not None and self._node in members:
                     # A member asking again wants a new round (its group restarts).
-                    await self._advance(raw_state, r)
+                    self._known_state = await self._advance(raw_state, r) or None
                     continue
+            del snap
             if members is None:  # closed while we joined: re-read the state
                 continue
             if self._node in members:
-                info = await self._finish(r, members, deadline)
+                info = await self._finish(r, members, deadline, raw_state)
                 if info is None:  # a member died: this round is over, ask for the next
                     continue
                 return info
             deadline = await self._park(r, members, deadline)
+
+    async def _current_state(self) -> tuple[bytes, _State]:
+        """The state now, at the cost of one operation or none.
+
+        A member of round ``r`` asks again for a new round, which it opens itself unless
+        someone did: one ``compare_set`` from the state it joined round ``r`` under (it
+        was written once) returns the state either way.  A state that ended this member's
+        round (:meth:`_advance` just now) is taken as it is.  Anyone else reads the state.
+        (Not the end marker's value: read when the round ended, it may be a round or two
+        behind by the time the agent asks again, and that round's keys may be gone.)
+        """
+        known, self._known_state = self._known_state, None
+        joined, self._member_state = self._member_state, None
+        if known is not None:
+            return known, self._parse_state(known)
+        if joined is not None and self._round is not None:
+            now = await self._advance(joined, self._round)
+            if now:
+                return now, self._parse_state(now)
+        return await self._read_state()
 
     async def watch_async(self) -> str:
         if self._round is None:
@@ -602,9 +670,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         After the decision ``r<r>/m/`` holds exactly the members' leased keys (the
         decider removed the left-out joiners' before writing the result) and the end
         marker, so one watch of it wakes this node, O(1), on every member's expiry —
-        whoever else is dead — and a wake that no marker, state or wait-list key
-        explains is a member lost.  The watch runs from the round's first clean revision
-        (``_clean``), so a second call (after ``nodes_waiting``) misses no expiry.
+        whoever else is dead — and a wake that no end marker or wait-list key explains is
+        a member lost.  The watch runs from the round's clean revision (``_clean``: the
+        one the decider recorded in the result, after which ``r<r>/`` changes only by a
+        member's loss, a late arrival or the round's end), so a second call (after
+        ``nodes_waiting``) misses no expiry, and the watch needs no read before it.  A
+        wake costs one read: ``r<r>/ev/`` holds the wait list and a copy of the end marker.
         """
         store = self._store
         mkey, ev = self._rk(r, "m/"), self._rk(r, "ev/")
@@ -612,23 +683,33 @@ class DynamicRendezvousHandler(RendezvousHandler):
         clean = self._clean[1] if self._clean[0] == r else None
         woke = False
         while True:
-            # Take the revision first: any change after it wakes the watch below.
-            rev, events = await store.snapshot(ev)
-            waiting = waiting_ends and bool(events)
-            _, st = await self._read_state()
-            if st.closed:
-                return "closed"
-            if st.round != r or await store.try_get(mkey) is not None:
-                return "nodes_waiting" if waiting else "restarted"
-            if waiting:
-                return "nodes_waiting"
-            if woke:
-                return "peer_lost"  # a member's key went, and nothing else explains the wake
-            if clean is None:
+            if clean is None or woke:
+                # Take the revision first: any change after it wakes the watch below.
+                rev, keys = await store.snapshot(ev)
+                end = keys.get(ev)
+                waiting = waiting_ends and len(keys) > (end is not None)
+                if end is not None:
+                    if self._end_closed(r, end):
+                        return "closed"
+                    return "nodes_waiting" if waiting else "restarted"
+                if waiting:
+                    return "nodes_waiting"
+                if woke:
+                    return "peer_lost"  # a member's key went, and nothing else explains it
+                # no recorded clean revision: the state may have moved before this read
+                _, st = await self._read_state()
+                if st.closed:
+                    return "closed"
+                if st.round != r:
+                    return "restarted"
                 clean = rev
                 self._clean = (r, rev)
             await store.watch(prefix, clean)
             woke = True
+
+    def _end_closed(self, r: int, raw: bytes) -> bool:
+        """Whether round ``r``'s end marker says the rendezvous was closed."""
+        return _load(self._rk(r, "ev/"), raw).get("closed") is True
 
     async def is_closed_async(self) -> bool:
         _, st = await self._read_state()
@@ -648,7 +729,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return 0
         ev = self._rk(self._round, "ev/")
         _, events = await self._store.snapshot(ev)
-        return len(events)
+        return len(events.keys() - {ev})  # the round's end marker is no node
 
     async def shutdown_async(self) -> bool:
         """torch's semantics: close the rendezvous for every node; then drop the lease."""
@@ -685,12 +766,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return raw, self._parse_state(raw)
 
     def _parse_state(self, raw: bytes) -> _State:
-        key = self._k("state")
-        obj = _load(key, raw)
-        st = _State(_field(key, obj, "round", int), _field(key, obj, "closed", bool))
-        if st.round < 0:
-            raise _corrupt(key, f"negative round {st.round}")
-        return st
+        try:
+            return _parse_state(raw)
+        except _Corrupt as e:
+            raise _corrupt(self._k("state"), str(e)) from None
 
     def _decode_result(self, r: int, raw: bytes) -> _Members | None:
         """The members of round ``r`` in rank order, or ``None`` if it was closed."""
@@ -706,7 +785,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         raw = await self._store.try_get(self._ek(r - 1, "result"))
         return (self._decode_result(r - 1, raw) or ()) if raw is not None else ()
 
-    async def _join_open_round(self, r: int, deadline: float) -> _Members | None:
+    async def _join_open_round(
+        self, r: int, deadline: float, rev: int, snap: dict[str, bytes]
+    ) -> _Members | None:
         """Join open round ``r``; decide it when the rules say so; return its members.
 
         The last call is the round's, as torch's ``state.deadline``: the arrival that brings the
@@ -769,6 +850,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._settings.run_id,
         )
         seen_claim = False  # a decision was due (a claim existed): take over if it goes
+        round_prefix = self._ek(r, "")
+        # Performance: without a last call, a joiner that does not decide at once needs no
+        # read after joining: the one before it (``rev``, ``snap``: the round's keys) is as
+        # good, since nothing this node did since is under them; its wait starts from it.
+        fresh = direct or core.min_nodes < core.max_nodes
+        last: dict[str, bytes] | None = None
         while True:
             if clock.now() >= deadline:
                 _, live = await store.snapshot(mprefix)
@@ -776,15 +863,22 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 if await store.try_get(dec_key) == token:
                     await store.delete(dec_key)
                 raise self._timeout_error(r, len(live.keys() - {mprefix}))
-            rev, snap = await store.snapshot(state_key)
+            if fresh:
+                rev, snap = await store.snapshot(round_prefix)
+                if snap == last:
+                    # Nothing of the round changed: the state did (the state moves on
+                    # only once the round has a result; a close writes one too — unless
+                    # its closer died in between), or a past round's key, or a timeout.
+                    st_raw = await store.try_get(state_key)
+                    if st_raw is not None:
+                        st = self._parse_state(st_raw)
+                        if st.closed or st.round != r:
+                            return None  # closed, or the round ended
+            fresh = True
+            last = snap
             raw = snap.get(result_key)
             if raw is not None:
                 return self._decode_result(r, raw)
-            st_raw = snap.get(state_key)
-            if st_raw is not None:
-                st = self._parse_state(st_raw)
-                if st.closed or st.round != r:
-                    return None  # closed, or the round ended (its decider died mid-way)
             call = snap.get(lc_key)
             running = call is not None
             seen = seen or running
@@ -819,13 +913,22 @@ class DynamicRendezvousHandler(RendezvousHandler):
             chosen = choose_members(ids, previous, core, last_call_passed=passed, pending=pending)
             if chosen is not None:
                 # After the decision r<r>/m/ holds the members' keys only (module doc)
-                for node in set(ids).difference(chosen):
-                    await store.delete(mprefix + node)
-                mine = _dump({"version": _VERSION, "round": r, "members": list(chosen)})
+                left_out = sorted(set(ids).difference(chosen))
+                if left_out:
+                    await self._delete_all([mprefix + node for node in left_out])
+                    # the members watch from after these deletes
+                    rev, _ = await store.snapshot(self._rk(r, "ev/"))
+                mine = _dump(
+                    {"version": _VERSION, "round": r, "members": list(chosen), "clean": rev}
+                )
                 # First writer wins; a racing decider adopts the winner's result.
                 won = await store.compare_set(result_key, None, mine)
                 if holder:
                     await store.delete(dec_key)  # the round is decided: the claim is spent
+                if won == mine and r >= 1:
+                    # round r-1's result was read by this round's decider only; deleted
+                    # now, after this round's result, it wakes no joiner of the state
+                    await store.delete(self._ek(r - 1, "result"))
                 return self._decode_result(r, won)
             if direct:
                 direct = False  # held: from now on only the claim's holder decides
@@ -837,6 +940,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # expire, a new last call to end, or the round to end.
             with contextlib.suppress(TimeoutError):  # the join timeout: the loop raises it
                 await store.watch(self._c, rev, max(0.0, deadline - clock.now()))
+
+    async def _delete_all(self, keys: list[str]) -> None:
+        """Delete ``keys`` at once: one round trip's time for all of them, not one each
+        (a round that leaves spares out deletes one key per spare before its result)."""
+        clock, store = self._clock, self._store
+        tasks = [clock.spawn(store.delete(key), name="rdzv-left-out") for key in keys]
+        try:
+            for task in tasks:
+                await task.join()
+        finally:
+            for task in tasks:
+                task.cancel()
 
     async def _arm_last_call(self, r: int, token: bytes) -> float:
         """Start round ``r``'s last call; return when it ends on this node's clock."""
@@ -860,13 +975,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
         _, spare = await store.snapshot(self._k(f"x/r{r - 1}/"))
         _, alive = await store.snapshot(self._k("alive/"))
         expected = set(previous)
-        expected.update(k.rsplit("/", 1)[1] for k in wait)
+        expected.update(k.rsplit("/", 1)[1] for k in wait if not k.endswith("/"))
         expected.update(k.rsplit("/", 1)[1] for k in spare)
         base = self._k("alive/")
         joined = set(ids)
         return tuple(sorted(e for e in expected if e not in joined and base + e in alive))
 
-    async def _finish(self, r: int, members: _Members, deadline: float) -> RendezvousInfo | None:
+    async def _finish(
+        self, r: int, members: _Members, deadline: float, raw_state: bytes
+    ) -> RendezvousInfo | None:
         """Exchange round ``r``'s master address; ``None`` if a member was lost meanwhile."""
         rank = members.rank[self._node]
         logger.info(
@@ -879,6 +996,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             len(members),
         )
         self._round, self._members, self._redundant = r, members, False
+        self._member_state = raw_state
+        if members.clean is not None:
+            self._clean = (r, members.clean)
         store = PrefixStore(self._round_store, f"{self._base}/s/{r}/")
         port = 0
         if rank == 0:
@@ -887,15 +1007,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
             )
         wait = max(deadline - self._clock.now(), self._ttl)
         clock = self._clock
-        # Performance: the member watch of the round starts here and is the same task that
-        # watch_async() later joins, so guarding the exchanges costs no store operation
-        # beyond the watch the agent runs anyway (measured with bench/bench_sim.py).
         self._drop_round_watch()
-        watch = self._round_watch = clock.spawn(
-            self._round_watch_body(r, members), name="rdzv-round-watch"
-        )
-        # Performance: most members find rank 0's address already published (rank 0 never
-        # waits): read it inline first, and race only a read that would block.
+        # Performance: most members find rank 0's address already published: read it
+        # inline first, and race only a read that would block (a task, an AnyOf and a
+        # timer each, in the simulator).  Every member learns of the result at the same
+        # instant as rank 0, so the others first yield once (no time passes): rank 0's
+        # publish, sent in that instant, then reaches the store before their reads.
+        if rank != 0:
+            await clock.sleep(0)
         try:
             return RendezvousInfo(
                 store,
@@ -906,6 +1025,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
             )
         except TimeoutError:
             pass
+        # The member watch of the round starts here only if the read would block (it
+        # watches from the round's clean revision, so starting it later misses nothing),
+        # and is the same task that watch_async() later joins, so guarding the exchange
+        # costs no store operation beyond the watch the agent runs anyway.
+        watch = self._round_watch = clock.spawn(
+            self._round_watch_body(r, members), name="rdzv-round-watch"
+        )
         build = clock.spawn(
             RendezvousStoreInfo.build_async(rank, store, self._addr, port, wait),
             name="rdzv-master-addr",
@@ -1009,26 +1135,27 @@ class DynamicRendezvousHandler(RendezvousHandler):
             await store.watch(mkey, clean, left)
             woke = True
 
-    async def _advance(self, raw_state: bytes, r: int) -> None:
-        """End complete round ``r``: open ``r + 1`` (unless someone already did)."""
-        desired = _dump({"version": _VERSION, "round": r + 1, "closed": False})
-        if await self._store.compare_set(self._k("state"), raw_state, desired) != desired:
-            return
-        # the end marker, under the members' keys: what members and parked nodes watch
-        await self._store.set(self._rk(r, "m/"), _dump({"version": _VERSION, "round": r + 1}))
-        if r >= 1:  # nobody reads round r-1 any more (round r+1's decider reads round r)
-            removed = [
-                await self._store.delete(key)
-                for key in (
-                    self._ek(r - 1, "result"),
-                    self._rk(r - 1, "count"),
-                )
-            ]
-            # and the rest of round r-1, off the join's path, by the one node whose
-            # delete removed the result (every member asking again gets here:
-            # compare_set returns the desired state to them too)
-            if removed[0]:
-                self._drop_task = self._clock.spawn(self._drop_round(r - 1), name="rdzv-drop-round")
+    async def _advance(self, raw_state: bytes, r: int) -> bytes:
+        """End complete round ``r``: open ``r + 1`` (unless someone already did); return
+        the state afterwards (empty if there is none).
+
+        The new state names the node that wrote it (``by``), so only the one whose
+        ``compare_set`` won gets its own value back and ends the round: the others (every
+        member asks again) spend that one operation, which is also their read of the state.
+        """
+        # Performance: every member builds this once a round; _dump's output, spelled out
+        desired = (
+            f'{{"by":{self._by},"closed":false,"round":{r + 1},"version":{_VERSION}}}'.encode()
+        )
+        now = await self._store.compare_set(self._k("state"), raw_state, desired)
+        if now != desired:
+            return now
+        await self._end_round(r, desired)
+        # nobody reads round r-1 any more (round r+1's decider reads round r; round r-1's
+        # result went when round r was decided): drop it, off the join's path
+        if r >= 1:
+            self._drop_task = self._clock.spawn(self._drop_round(r - 1), name="rdzv-drop-round")
+        return now
 
     async def _drop_round(self, r: int) -> None:
         """Delete round ``r``: its keys (members, wait and redundancy lists, events) and
@@ -1036,6 +1163,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         ``r + 1`` is complete, so the store stays flat however many times the job
         restarts.  Best effort: a store that is gone or cannot list keys keeps them."""
         try:
+            # gone already, unless round r+1's decider died right after writing its result
+            await self._store.delete(self._ek(r, "result"))
             await _delete_under(self._store, self._rk(r, ""))
             await _delete_under(self._store, self._k(f"x/r{r}/"))
             await _delete_under(self._round_store, f"{self._base}/s/{r}/")
@@ -1056,7 +1185,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
         r = st.round
         closed = {"version": _VERSION, "round": r, "closed": True}
         await self._store.compare_set(self._ek(r, "result"), None, _dump(closed))  # joiners
-        await self._store.set(self._rk(r, "m/"), _dump(closed))  # members, waiting, redundant
+        await self._end_round(r, _dump(closed))  # members, waiting, redundant
+
+    async def _end_round(self, r: int, marker: bytes) -> None:
+        """Write round ``r``'s end marker, as one revision: under the members' keys (what
+        members and parked nodes watch) and on the wait list's prefix (so a member's one
+        read after a wake, of ``r<r>/ev/``, finds both the marker and the wait list)."""
+        await self._store.multi_set({self._rk(r, "m/"): marker, self._rk(r, "ev/"): marker})
 
     def _raise_closed(self) -> None:
         if self._redundant:

@@ -1,0 +1,115 @@
+"""What a rendezvous round costs each node in store operations (issue 16, item 1).
+
+A round of the dynamic rendezvous is paid by every node of a large job at every restart,
+so its store operations per node are pinned here: a member that asks for the next round
+(its group restarts) and joins it makes a bounded number of them, whatever the size of
+the job, and the round is ended (the state moved on, its end marker written) once, by
+one member, not by every member that asks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from elastic.clock import Clock
+from elastic.memstore import MemoryStore
+from elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousSettings,
+    RendezvousTimeout,
+)
+from tests.worlds import run_in
+
+#: store operations per member per round: the state (one compare_set), the round's keys,
+#: set + add to join, one watch and one read for the result, rank 0's address, and the
+#: one read when the previous round's member watch woke (8.1 measured here; 14.1 before
+#: the round trips were cut, issue 16)
+PER_ROUND = 9
+
+
+class CountingStore(MemoryStore):
+    """The in-memory store, counting operations (and end-of-round writes)."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.ops: Counter[str] = Counter()
+
+    async def set(self, key: str, value: bytes, *, lease: Any = None) -> None:
+        self.ops["set"] += 1
+        if key.endswith("/m/"):
+            self.ops["end_marker"] += 1
+        await super().set(key, value, lease=lease)
+
+    async def get(self, key: str, timeout: float | None = None) -> bytes:
+        self.ops["get"] += 1
+        return await super().get(key, timeout)
+
+    async def try_get(self, key: str) -> bytes | None:
+        self.ops["try_get"] += 1
+        return await super().try_get(key)
+
+    async def add(self, key: str, amount: int) -> int:
+        self.ops["add"] += 1
+        return await super().add(key, amount)
+
+    async def compare_set(
+        self, key: str, expected: bytes | None, desired: bytes, *, lease: Any = None
+    ) -> bytes:
+        self.ops["compare_set"] += 1
+        return await super().compare_set(key, expected, desired, lease=lease)
+
+    async def delete(self, key: str) -> bool:
+        self.ops["delete"] += 1
+        return await super().delete(key)
+
+    async def multi_get(self, keys: Any, timeout: float | None = None) -> list[bytes]:
+        self.ops["multi_get"] += 1
+        return await super().multi_get(keys, timeout)
+
+    async def multi_set(self, items: Mapping[str, bytes]) -> None:
+        self.ops["multi_set"] += 1
+        if any(k.endswith("/m/") for k in items):
+            self.ops["end_marker"] += 1
+        await super().multi_set(items)
+
+    async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
+        self.ops["snapshot"] += 1
+        return await super().snapshot(prefix)
+
+    async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
+        self.ops["watch"] += 1
+        return await super().watch(prefix, after, timeout)
+
+
+def test_a_restarted_round_costs_each_member_a_bounded_number_of_store_operations() -> None:
+    n = 64
+
+    async def body(clock: Clock) -> tuple[Counter[str], list[int]]:
+        store = CountingStore(clock)
+        settings = RendezvousSettings("job", n, n, RendezvousTimeout(60.0, 1.0, 1.0))
+        hs = [
+            DynamicRendezvousHandler(f"n{i:03d}", f"h{i}", settings, "c10d", store, clock)
+            for i in range(n)
+        ]
+        first = [clock.spawn(h.next_rendezvous_async()) for h in hs]
+        for t in first:
+            await t.join()
+        # every member watches its round, as the agent does; one member's group fails
+        # and it asks for the next round; the others see the round end and ask too
+        watches = [clock.spawn(h.watch_async()) for h in hs[1:]]
+        await clock.sleep(1.0)
+        store.ops.clear()
+        again = [clock.spawn(hs[0].next_rendezvous_async())]
+        for h, w in zip(hs[1:], watches, strict=True):
+            assert await w.join() == "restarted"
+            again.append(clock.spawn(h.next_rendezvous_async()))
+        infos = [await t.join() for t in again]
+        return store.ops, [i.round for i in infos]
+
+    ops, rounds = run_in("sim", body)
+    assert rounds == [1] * n
+    assert ops["end_marker"] == 1, ops  # one member ended round 0, the others joined
+    per_member = (ops.total() - ops["end_marker"]) / n
+    assert per_member <= PER_ROUND, (per_member, ops)
