@@ -73,7 +73,10 @@ def test_several_nodes_on_an_any_port_endpoint_are_refused_before_anything_start
     tmp_path: Path, tagged: str
 ) -> None:
     config = LaunchConfig(
-        min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="c10d",
+        min_nodes=1,
+        max_nodes=2,
+        nproc_per_node=1,
+        rdzv_backend="c10d",
         rdzv_endpoint="localhost:0",
     )
     with pytest.raises(ConfigError, match=r"--rdzv-endpoint.*port 0.*one-node job"):
@@ -91,7 +94,15 @@ def test_local_elastic_agent_with_torchs_constructor_runs_a_command(
         role="trainer",
         local_world_size=2,
         entrypoint="/bin/sh",
-        args=("-c", 'test "$ROLE_NAME" = trainer && exit "$LOCAL_RANK"'),
+        # local rank 1 fails only after rank 0 has exited 0 (it waits for rank 0's file,
+        # then a moment for its exit): had it failed first, the agent's stop would have
+        # ended rank 0 too, and torch's report lists that rank as well (exit -15)
+        args=(
+            "-c",
+            'test "$ROLE_NAME" = trainer || exit 3; '
+            f'if [ "$LOCAL_RANK" = 0 ]; then touch {tmp_path}/r0; exit 0; fi; '
+            f"while [ ! -e {tmp_path}/r0 ]; do sleep 0.02; done; sleep 0.5; exit 1",
+        ),
         rdzv_handler=handler,
         max_restarts=0,
     )

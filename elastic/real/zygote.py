@@ -243,6 +243,16 @@ class Zygote:
         if self._hello is not None and not self._hello.done():
             self._hello.set_result(None)
 
+    def _exited_within(self, seconds: float) -> bool:
+        """Whether the zygote has exited, waiting at most ``seconds`` for it (its pidfd
+        becomes readable at its exit); only on the path where a fork already failed."""
+        import select
+
+        if self._pidfd < 0:
+            return True
+        readable, _, _ = select.select([self._pidfd], [], [], seconds)
+        return bool(readable)
+
     def _reap(self) -> None:
         if self._pidfd >= 0:
             with contextlib.suppress(ChildProcessError):
@@ -306,7 +316,10 @@ class Zygote:
             data = sock.recv(_MAX_MESSAGE)
             reply = json.loads(data) if data else None
         except (OSError, ValueError) as e:
-            self._give_up(f"the zygote did not answer a fork: {e}")
+            # a zygote killed meanwhile resets the connection a moment before its exit is
+            # seen: say what happened, as when the exit is seen first
+            gone = self._exited_within(0.5)
+            self._give_up("the zygote exited" if gone else f"the zygote did not answer a fork: {e}")
             self.close()
             return None
         if isinstance(reply, dict) and isinstance(reply.get("cold"), str):
