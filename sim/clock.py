@@ -126,7 +126,32 @@ class _Outcome(enum.Enum):
     CANCELLED = 3
 
 
-class _SimTask(Task[T], Generic[T]):
+class _Outcomes(Generic[T]):
+    """How a task ended, as both task classes keep it (``done``/``result``)."""
+
+    __slots__ = ()
+    _clock: SimClock
+    _exc: BaseException | None
+    _outcome: _Outcome
+    _result: T | None
+    name: str
+
+    def done(self) -> bool:
+        return self._outcome is not _Outcome.RUNNING
+
+    def result(self) -> T:
+        if self._outcome is _Outcome.RETURNED:
+            return self._result  # type: ignore[return-value]
+        if self._outcome is _Outcome.CANCELLED:
+            raise Cancelled()
+        if self._outcome is _Outcome.FAILED:
+            assert self._exc is not None
+            self._clock._observed(self._exc)
+            raise self._exc
+        raise RuntimeError(f"task {self.name!r} has not finished")
+
+
+class _SimTask(_Outcomes[T], Task[T]):
     __slots__ = ("_clock", "_exc", "_outcome", "_proc", "_result", "name")
 
     def __init__(self, clock: SimClock, coro: Coroutine[Any, Any, T], name: str) -> None:
@@ -155,20 +180,6 @@ class _SimTask(Task[T], Generic[T]):
             raise RuntimeError(f"task {self.name!r} cannot cancel itself in the simulator")
         self._proc.interrupt(_CANCEL)
 
-    def done(self) -> bool:
-        return self._outcome is not _Outcome.RUNNING
-
-    def result(self) -> T:
-        if self._outcome is _Outcome.RETURNED:
-            return self._result  # type: ignore[return-value]
-        if self._outcome is _Outcome.CANCELLED:
-            raise Cancelled()
-        if self._outcome is _Outcome.FAILED:
-            assert self._exc is not None
-            self._clock._observed(self._exc)
-            raise self._exc
-        raise RuntimeError(f"task {self.name!r} has not finished")
-
     async def join(self) -> T:
         if not self.done():
             await _Yield(self._proc)
@@ -191,7 +202,7 @@ class _Kick:
         self.callbacks: list[Callable[[Any], None]] | None = [call]
 
 
-class _Task(_Awaitable, Event, Task[T], Generic[T]):
+class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
     """A task on the clock's own environment: the event that fires when the task has
     finished, driving the coroutine itself.
 
@@ -282,20 +293,6 @@ class _Task(_Awaitable, Event, Task[T], Generic[T]):
         if self is self._clock._current:
             raise RuntimeError(f"task {self.name!r} cannot cancel itself in the simulator")
         cast(_Env, self._clock.env).schedule(_Kick(self._interrupted), URGENT)
-
-    def done(self) -> bool:
-        return self._outcome is not _Outcome.RUNNING
-
-    def result(self) -> T:
-        if self._outcome is _Outcome.RETURNED:
-            return self._result  # type: ignore[return-value]
-        if self._outcome is _Outcome.CANCELLED:
-            raise Cancelled()
-        if self._outcome is _Outcome.FAILED:
-            assert self._exc is not None
-            self._clock._observed(self._exc)
-            raise self._exc
-        raise RuntimeError(f"task {self.name!r} has not finished")
 
     async def join(self) -> T:
         if self._outcome is _Outcome.RUNNING:
