@@ -29,17 +29,33 @@ from sim.workers import SimGroup, SimWorker
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# a worker crash every ~20 simulated minutes: a new rendezvous round each time
-CHURN = """name: many rounds
-seed: 3
+
+def churn(
+    hours: int, *, nodes: str = "nodes: 6, nproc_per_node: 4", fault: str, seed: int = 3
+) -> str:
+    """A long job (it never finishes) that a fault every few minutes keeps restarting."""
+    return f"""name: churn
+seed: {seed}
 until: {hours}h
-cluster: {{nodes: 6, nproc_per_node: 4}}
+cluster: {{{nodes}}}
 job: {{steps: 100000000, step_time: 2s, startup_time: 20s, checkpoint_every: 100,
       checkpoint_time: 5s}}
 agent: {{max_restarts: 100000}}
 faults:
-  - {{kind: worker_crash, every: 20m}}
+  - {{{fault}}}
 """
+
+
+# a worker crash every ~20 simulated minutes: a new rendezvous round each time
+CHURN = "kind: worker_crash, every: 20m"
+# a node crash every ~30 simulated minutes, each machine back 2 minutes later: a new agent
+# (store client, lease, worker groups) per crash; 3 of 6 nodes are enough to go on
+NODE_CHURN = "kind: node_crash, every: 30m, restart_after: 2m"
+
+
+def node_churn(hours: int) -> str:
+    text = churn(hours, nodes="nodes: 6, nproc_per_node: 2", fault=NODE_CHURN, seed=5)
+    return text + "rendezvous: {min_nodes: 3, max_nodes: 6}\n"
 
 
 class _Hosts(SimStoreHost):
@@ -68,7 +84,7 @@ def test_a_long_run_holds_the_same_workers_groups_and_store_keys_early_and_late(
             keys = len(_Hosts.made[0].store.keys())
             samples.append((now, _live(SimWorker), _live(SimGroup), keys))
 
-    sc = load_scenario_text(CHURN.format(hours=48), "churn.yaml")
+    sc = load_scenario_text(churn(48, fault=CHURN), "churn.yaml")
     report = simulate(sc, progress=sample).report
     assert report["rendezvous_rounds"] >= 100, report["rendezvous_rounds"]
     (_, w_early, g_early, k_early), (_, w_late, g_late, k_late) = samples[0], samples[-1]
@@ -82,7 +98,7 @@ def test_a_long_run_holds_the_same_workers_groups_and_store_keys_early_and_late(
 
 @pytest.mark.timeout(60)
 def test_the_log_is_streamed_to_a_sink_and_kept_only_when_asked() -> None:
-    sc = load_scenario_text(CHURN.format(hours=3), "churn.yaml")
+    sc = load_scenario_text(churn(3, fault=CHURN), "churn.yaml")
     plain = simulate(sc)
     with pytest.raises(ValueError, match="keep_events=True"):
         plain.events  # noqa: B018  # the property raises
@@ -103,7 +119,7 @@ def test_the_log_is_streamed_to_a_sink_and_kept_only_when_asked() -> None:
 def test_the_events_file_is_written_as_it_happens_byte_identical_and_nothing_else(
     tmp_path: Path,
 ) -> None:
-    text = CHURN.format(hours=3)
+    text = churn(3, fault=CHURN)
     (tmp_path / "s.yaml").write_text(text)
     log = tmp_path / "log.jsonl"
     cmd = [sys.executable, "-m", "elastic.cli", "sim", "s.yaml", "--json", "--check-determinism"]
@@ -125,7 +141,7 @@ def test_the_events_file_is_written_as_it_happens_byte_identical_and_nothing_els
 def test_a_past_round_leaves_no_key_in_the_simulated_store(monkeypatch: pytest.MonkeyPatch) -> None:
     _Hosts.made = []
     monkeypatch.setattr(sim.run, "SimStoreHost", _Hosts)
-    sc = load_scenario_text(CHURN.format(hours=6), "churn.yaml")
+    sc = load_scenario_text(churn(6, fault=CHURN), "churn.yaml")
     report = simulate(sc).report
     last = int(report["rendezvous_rounds"]) - 1
     keys = _Hosts.made[0].store.keys()
@@ -137,21 +153,6 @@ def test_a_past_round_leaves_no_key_in_the_simulated_store(monkeypatch: pytest.M
     }
     rounds |= {int(k.split("/s/")[1].split("/")[0]) for k in keys if "/s/" in k}
     assert rounds and min(rounds) >= last - 2, (last, sorted(rounds))
-
-
-# a node crash every ~30 simulated minutes, each machine back 2 minutes later: a new agent
-# (store client, lease, worker groups) per crash
-NODE_CHURN = """name: node churn
-seed: 5
-until: {hours}h
-cluster: {{nodes: 6, nproc_per_node: 2}}
-job: {{steps: 100000000, step_time: 2s, startup_time: 20s, checkpoint_every: 100,
-      checkpoint_time: 5s}}
-rendezvous: {{min_nodes: 3, max_nodes: 6}}
-agent: {{max_restarts: 100000}}
-faults:
-  - {{kind: node_crash, every: 30m, restart_after: 2m}}
-"""
 
 
 @pytest.mark.timeout(120)
@@ -171,7 +172,7 @@ def test_a_crashed_nodes_agent_is_freed_with_everything_it_held() -> None:
             dead = sum(1 for lease in leases if lease._client.dead)
             held.append((_live(SimGroup), dead))
 
-    sc = load_scenario_text(NODE_CHURN.format(hours=24), "node-churn.yaml")
+    sc = load_scenario_text(node_churn(24), "node-churn.yaml")
     report = simulate(sc, progress=sample).report
     assert report["faults"].get("node_crash", 0) >= 30, report["faults"]
     (groups, dead_leases) = held[-1]
@@ -194,7 +195,7 @@ def test_a_crashed_nodes_agent_is_freed_without_waiting_for_a_full_collection() 
         if now >= 0.9 * until and not agents:
             agents.append(_live(SimpleElasticAgent) - before)
 
-    sc = load_scenario_text(NODE_CHURN.format(hours=24), "node-churn.yaml")
+    sc = load_scenario_text(node_churn(24), "node-churn.yaml")
     gc.collect()
     before = _live(SimpleElasticAgent)  # another test's run may still be held (_Hosts.made)
     gc.disable()  # nothing freed but by reference counting
