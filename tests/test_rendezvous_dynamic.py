@@ -257,13 +257,9 @@ class _Died(Exception):
     """The node's process died (raised where the test kills it)."""
 
 
-class _DiesAfterEndingTheRound:
-    """A node's view of the store: it dies right after its write that ends round 0.
-
-    Ending a round is two writes (the state's round, then the round's end marker that
-    waiting and redundant nodes wait on, or the closed markers); a node killed between
-    them must not strand anyone.
-    """
+class _DyingStore:
+    """A node's store that passes everything through, for a subclass to kill its node
+    (abandon its lease) right after a chosen write."""
 
     def __init__(self, store: MemoryStore, lease_of: DynamicRendezvousHandler) -> None:
         self._store = store
@@ -271,6 +267,15 @@ class _DiesAfterEndingTheRound:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
+
+
+class _DiesAfterEndingTheRound(_DyingStore):
+    """A node's view of the store: it dies right after its write that ends round 0.
+
+    Ending a round is two writes (the state's round, then the round's end marker that
+    waiting and redundant nodes wait on, or the closed markers); a node killed between
+    them must not strand anyone.
+    """
 
     async def compare_set(
         self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
@@ -317,7 +322,7 @@ def test_a_node_dying_between_the_two_writes_that_end_a_round_strands_nobody(
     assert took < 5.0  # not the 60 s join timeout
 
 
-class _DiesRightAfterClaiming:
+class _DiesRightAfterClaiming(_DyingStore):
     """A node's view of the store: the first node to win a decider claim dies right after.
 
     The claim and its lease are one operation (``compare_set(lease=)``); were they two
@@ -328,12 +333,8 @@ class _DiesRightAfterClaiming:
     def __init__(
         self, store: MemoryStore, lease_of: DynamicRendezvousHandler, dead: list[str]
     ) -> None:
-        self._store = store
-        self._handler = lease_of
+        super().__init__(store, lease_of)
         self._dead = dead  # shared: only the first winner dies
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._store, name)
 
     async def compare_set(
         self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
