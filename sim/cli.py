@@ -178,6 +178,11 @@ class _LogSink:
             except OSError as e:
                 self.error = e
 
+    def emit_group(self, group: Any) -> None:
+        """A group of workers' events, one line each (the log is the same either way)."""
+        for e in group.events():
+            self.emit(e)
+
     def emit(self, event: Any) -> None:
         line = (event.to_json() + "\n").encode()
         self.sha256.update(line)

@@ -92,6 +92,12 @@ class LostTime:
         }
     )
 
+    #: kinds of which, in a run of events of one kind at one instant, only the first
+    #: changes the state (it marks the gap's reaction; the others find it marked): a sink
+    #: given a group of workers' events of such a kind may feed only its first event
+    #: (sim.report; tests/test_report_fastpath.py checks it)
+    FIRST_AT_AN_INSTANT = _REACTIONS - {kinds.AGENT_GROUP_STOPPED}
+
     def __init__(self, keep_spans: bool = False) -> None:
         # (t0, t1, part) of every lost span, for the timeline plot; off for the report,
         # which keeps only sums (its memory must not grow with the run)

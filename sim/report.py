@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from elastic.events import AgentEvent, kinds
+from elastic.events import AgentEvent, WorkerEvents, kinds
 from sim.losses import LostTime
 
 __all__ = ["REPORT_KEYS", "ReportSink", "build_report"]
@@ -203,7 +203,10 @@ class ReportSink:
     says which: ``KINDS``; tests/test_report_fastpath.py checks that the others leave
     every part as it was), through a table from kind to those parts' handlers, made the
     first time a kind is seen.  Most of a large run's events (a worker's start or stop, a
-    rank assignment) are only counted.
+    rank assignment) are only counted.  A group of workers' events given as one record
+    (:meth:`emit_group`) is counted at once when no part reads its kind, or only the
+    part that needs just its first event (:attr:`sim.losses.LostTime.FIRST_AT_AN_INSTANT`);
+    otherwise it is expanded and each event emitted.
     """
 
     def __init__(self) -> None:
@@ -247,6 +250,8 @@ class ReportSink:
         }
         self._recovery_kinds = self.sim_rec.kinds | self.real_rec.kinds
         self._routes: dict[str, tuple[_Handler, ...]] = {}
+        # kind -> whether a group of its events may be fed as its first event only
+        self._first_only: dict[str, bool] = {}
 
     def _route(self, kind: str) -> tuple[_Handler, ...]:
         """The handlers of ``kind``'s events, in the order the parts are fed."""
@@ -275,6 +280,42 @@ class ReportSink:
             route = self._route(e.kind)
         for handler in route:
             handler(e)
+
+    def emit_group(self, g: WorkerEvents) -> None:
+        """Exactly :meth:`emit` of each of ``g.events()``, in order (their time, node and
+        kind are the same): counted at once, and the parts that react to the kind fed
+        only the first event where that is all they read of a run of them."""
+        n = len(g.ranks)
+        if not n:
+            return
+        kind = g.kind
+        first_only = self._first_only.get(kind)
+        if first_only is None:
+            first_only = self._first_only[kind] = self._group_first_only(kind)
+        if not first_only:
+            for e in g.events():
+                self.emit(e)
+            return
+        t = g.t
+        if self.t0 is None:
+            self.t0 = t
+        self.last_t = (t if t > self.last_t else self.last_t) if self.count else t
+        self.count += n
+        self.nodes.add(g.node)
+        route = self._routes.get(kind)
+        if route is None:
+            route = self._route(kind)
+        if route:
+            first = g.event(0)
+            for handler in route:
+                handler(first)
+
+    def _group_first_only(self, kind: str) -> bool:
+        """Whether every part that reacts to ``kind`` reads only the first of a run of
+        its events at one instant (so a group of them may be fed as its first event)."""
+        if kind in _Causes.KINDS or kind in self._own or kind in self._recovery_kinds:
+            return False
+        return kind not in LostTime.KINDS or kind in LostTime.FIRST_AT_AN_INSTANT
 
     # -- each kind's own reaction ---------------------------------------------------------
     def _sim_fault(self, e: AgentEvent) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from simpy.events import AnyOf
 
-from elastic.events import AgentEvent, EventSink, ListSink
+from elastic.events import AgentEvent, EventSink, ListSink, WorkerEvents
 from elastic.rendezvous import get_rendezvous_handler
 from elastic.rendezvous.api import RendezvousContext, RendezvousHandler, RendezvousParameters
 from sim.calibration import Calibration, ModelLatencies
@@ -224,27 +224,47 @@ class _RunSinks:
     """One run's sinks, fed every event until :meth:`close` (the run's ``sim.end``).
 
     Performance: ``emit`` is the only sink's own ``emit`` when there is one (a run with
-    no ``sink=``: its report), called without a loop; ~20 events per node per restart."""
+    no ``sink=``: its report), called without a loop; ~20 events per node per restart.
+    ``emit_group`` (a group of workers' events as one record, 16 of those 20) is there
+    only when every sink takes records (the report does; a ``sink=`` without
+    ``emit_group`` makes the agents emit each event, as they always did), so a run whose
+    sinks read no worker's events pays once per group, not once per worker."""
 
-    __slots__ = ("_sinks", "emit")
+    __slots__ = ("_sinks", "_takers", "emit", "emit_group")
 
     def __init__(self, sinks: list[EventSink]) -> None:
         self._sinks: tuple[EventSink, ...] = tuple(sinks)
         self.emit: Callable[[AgentEvent], None] = (
             self._sinks[0].emit if len(self._sinks) == 1 else self._emit_all
         )
+        takers = [getattr(s, "emit_group", None) for s in self._sinks]
+        self._takers = tuple(t for t in takers if t is not None)
+        self.emit_group: Callable[[WorkerEvents], None] | None = None
+        if len(self._takers) == len(self._sinks):
+            self.emit_group = self._takers[0] if len(self._takers) == 1 else self._group_all
 
     def _emit_all(self, event: AgentEvent) -> None:
         for s in self._sinks:
             s.emit(event)
 
+    def _group_all(self, group: WorkerEvents) -> None:
+        for take in self._takers:
+            take(group)
+
     def close(self) -> None:
         self._sinks = ()
+        self._takers = ()
         self.emit = _drop
+        if self.emit_group is not None:
+            self.emit_group = _drop_group
 
 
 def _drop(event: AgentEvent) -> None:
     """A closed run's sinks: what the agents say after the run's end reaches no one."""
+
+
+def _drop_group(group: WorkerEvents) -> None:
+    """A closed run's sinks, for a group of workers' events."""
 
 
 async def _drive_faults(c: SimCluster, faults: list[Fault]) -> None:
