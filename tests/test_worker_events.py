@@ -31,6 +31,7 @@ from sim.losses import LostTime
 from sim.report import ReportSink, build_report
 from sim.run import simulate
 from sim.scenario import load_scenario
+from tests.test_report_fastpath import _state
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -298,37 +299,43 @@ def test_a_malformed_record_is_refused(
         WorkerEvents(0.0, 0, "k", "", [0], keys, fields, columns)
 
 
-def _report_state(sink: ReportSink) -> Any:
-    return copy.deepcopy(
-        {
-            k: v
-            for k, v in vars(sink).items()
-            if k not in ("_routes", "_first_only", "_own", "causes", "losses")
-        }
-    ), copy.deepcopy(vars(sink.losses) if hasattr(sink.losses, "__dict__") else None)
-
-
+@pytest.mark.parametrize("log", ["simulated", "real"])
 @pytest.mark.parametrize(
     "kind",
-    [kinds.WORKER_START, kinds.WORKER_TERMINATED, kinds.WORKER_FAILED, kinds.WORKER_SUCCEEDED],
+    [
+        kinds.WORKER_START,
+        kinds.WORKER_TERMINATED,
+        kinds.WORKER_FAILED,
+        kinds.WORKER_SUCCEEDED,
+        kinds.AGENT_GROUP_STOPPED,  # not per worker: a part reads each (a record expands)
+    ],
 )
-def test_the_report_counts_a_record_as_its_events(kind: str) -> None:
+def test_the_report_counts_a_record_as_its_events(kind: str, log: str) -> None:
     scenario = load_scenario(ROOT / "scenarios" / "worker_crash_restarts.yaml")
     events = simulate(scenario, keep_events=True).events
+    if log == "real":  # a real run's log: no sim.* events (its recoveries are the agents')
+        events = [e for e in events if not e.kind.startswith("sim.")]
+    # the record comes during a recovery (the first failure's), where every part listens
+    half = 1 + next(i for i, e in enumerate(events) if e.kind == kinds.WORKER_FAILED)
     g = WorkerEvents(
-        events[len(events) // 2].t, 1, kind, "default", [8, 9, 10], ("local_rank", "attempt"),
+        events[half].t, 99, kind, "default", [8, 9, 10], ("local_rank", "attempt"),
         {"attempt": 1}, {"local_rank": [0, 1, 2]},
     )  # fmt: skip
-    half = len(events) // 2
     one, many = ReportSink(), ReportSink()
     for e in events[:half]:
         one.emit(e)
         many.emit(e)
+    assert (one.losses.gap is not None) == (log == "simulated")
     one.emit_group(g)
     for e in g.events():
         many.emit(e)
-    assert one.count == many.count
-    assert one.result() == many.result()
+    assert (one.count, one.t0, one.last_t, one.nodes) == (
+        many.count,
+        many.t0,
+        many.last_t,
+        many.nodes,
+    )
+    assert _state(one) == _state(many)
     for e in events[half:]:
         one.emit(e)
         many.emit(e)
