@@ -784,7 +784,9 @@ class SimpleElasticAgent(ElasticAgent):
 
         Performance: the group's shared part is built once and copied per worker (the
         simulator starts eight workers per node per job restart); a subclass that
-        overrides :meth:`worker_env` gets it called per worker, as before.
+        overrides :meth:`worker_env` gets it called per worker, as before.  (Made lazily,
+        when a port first reads one, they cost 1.3 % fewer instructions at 2,048 nodes x 1
+        simulated day: not kept, as a port would then get a mapping that is not a dict.)
         """
         if type(self).worker_env is not SimpleElasticAgent.worker_env:
             return [self.worker_env(wg, w) for w in wg.workers]
