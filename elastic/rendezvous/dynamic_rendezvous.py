@@ -133,6 +133,7 @@ from elastic.rendezvous.api import (
     SyncRunner,
     SyncStore,
 )
+from elastic.rendezvous.assignment import AgentAssignment, rank_blocks
 from elastic.rendezvous.prefix_store import PrefixStore
 from elastic.store import Lease, Store
 
@@ -315,28 +316,98 @@ class _Corrupt(Exception):
 # O(N^2) on one CPU.  bytes cache their hash, so this cache makes the repeat reads O(1);
 # the value is still checked in full, once.
 class _Members(tuple[str, ...]):
-    """Node ids in rank order, with an O(1) rank lookup (``in`` uses it too), and the
-    revision from which the members watch the round (``clean``; None: not recorded)."""
+    """Node ids in rank order, with an O(1) rank lookup (``in`` uses it too), the
+    revision from which the members watch the round (``clean``; None: not recorded), and
+    each member's rank block ``[base_global, world, base_role, role_world]`` in rank
+    order (``ranks``; None: the round carries none, the agents exchange them)."""
 
     rank: dict[str, int]
     clean: int | None
+    ranks: list[list[int]] | None
 
-    def __new__(cls, ids: list[str], clean: int | None = None) -> _Members:
+    def __new__(
+        cls, ids: list[str], clean: int | None = None, ranks: list[list[int]] | None = None
+    ) -> _Members:
         self = super().__new__(cls, ids)
         self.rank = {m: i for i, m in enumerate(self)}
         self.clean = clean
+        self.ranks = ranks
         return self
+
+    def assignment(self, rank: int) -> AgentAssignment | None:
+        """Member ``rank``'s assignment, if the round carries them."""
+        if self.ranks is None:
+            return None
+        return AgentAssignment(*self.ranks[rank])
 
     def __contains__(self, node: object) -> bool:
         return node in self.rank
 
 
 def _index(raw: bytes) -> int:
-    """A joiner's arrival index (its ``m/`` value); unreadable counts as first."""
+    """A joiner's arrival index (its ``m/`` value: ``n`` or ``[n,role,lws]``);
+    unreadable counts as first (the decider, which reads the value in full, rejects it).
+
+    Performance: an arrival past ``min_nodes`` reads every joiner's index; the number is
+    cut out of the list without decoding the JSON."""
+    if raw[:1] == b"[":
+        raw = raw[1 : raw.find(b",")]
     try:
         return int(raw)
     except ValueError:
         return 0
+
+
+#: a joiner's ``m/`` value is tiny (an index, a role name, a count)
+MAX_JOINER_BYTES = 1024
+
+
+def _parse_joiner(raw: bytes) -> tuple[str, int] | None:
+    """A joiner's role and local world size from its ``m/`` value, or ``None`` if it
+    published none (``b""`` or a bare arrival index: its agent gave no member info)."""
+    if not raw or raw.isdigit():
+        return None
+    if len(raw) > MAX_JOINER_BYTES:
+        raise _Corrupt(f"{len(raw)} bytes exceeds the {MAX_JOINER_BYTES}-byte limit")
+    try:
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        raise _Corrupt(f"not JSON ({raw[:40]!r})") from None
+    if (
+        not isinstance(obj, list)
+        or len(obj) != 3
+        or type(obj[0]) is not int
+        or obj[0] < 0
+        or not isinstance(obj[1], str)
+        or not obj[1]
+        or type(obj[2]) is not int
+        or obj[2] <= 0
+    ):
+        raise _Corrupt(
+            "expected [arrival index >= 0, role (non-empty string), local world size > 0], "
+            f"got {raw[:80]!r}"
+        )
+    return obj[1], obj[2]
+
+
+def _check_ranks(ranks: Any, size: int) -> list[list[int]]:
+    """The result's ``ranks`` field: one ``[base_global, world, base_role, role_world]``
+    per member, each a block inside its world."""
+    if not isinstance(ranks, list) or len(ranks) != size:
+        raise _Corrupt(f"field 'ranks' must be a list of {size} rank blocks")
+    for block in ranks:
+        if (
+            not isinstance(block, list)
+            or len(block) != 4
+            or not all(type(x) is int for x in block)
+            or not 0 <= block[0] < block[1]
+            or not 0 <= block[2] < block[3] <= block[1]
+        ):
+            raise _Corrupt(
+                "field 'ranks' must hold [base_global, world, base_role, role_world] "
+                f"blocks inside their worlds, got {block!r}"
+            )
+    return ranks
 
 
 # a round's members are read by every member of it, once: the current round's and the
@@ -359,7 +430,10 @@ def _parse_result(raw: bytes, max_nodes: int) -> _Members | None:
     clean = obj.get("clean")
     if clean is not None and (not isinstance(clean, int) or isinstance(clean, bool) or clean < 0):
         raise _Corrupt(f"field 'clean' must be a non-negative int, got {clean!r}")
-    return _Members(members, clean)
+    ranks = obj.get("ranks")
+    if ranks is not None:
+        ranks = _check_ranks(ranks, len(members))
+    return _Members(members, clean, ranks)
 
 
 # Performance: every node reads the same few state values (the same bytes objects from
@@ -457,6 +531,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._member_state: bytes | None = None
         # the state this node's compare_set just ended a round with (used at once)
         self._known_state: bytes | None = None
+        # what follows the arrival index in this joiner's ``m/`` value: ``,role,lws]``
+        # (set_member_info); None: its value is the bare index, and no round it joins
+        # carries ranks
+        self._member_tail: bytes | None = None
 
     @classmethod
     def from_backend(
@@ -562,6 +640,21 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def get_backend(self) -> str:
         return self._backend_name
+
+    def set_member_info(self, role: str, local_world_size: int) -> None:
+        """Publish ``role`` and ``local_world_size`` with each join from now on, so that
+        the round's decider writes every member's rank block in the result (module doc)
+        and :attr:`RendezvousInfo.assignment` carries this member's."""
+        if not isinstance(role, str) or not role:
+            raise ValueError(f"The role {role!r} must be a non-empty string.")
+        if type(local_world_size) is not int or local_world_size <= 0:
+            raise ValueError(
+                f"The local world size ({local_world_size!r}) must be a positive integer."
+            )
+        tail = "," + json.dumps([role, local_world_size], separators=(",", ":"))[1:]
+        if len(tail) + 20 > MAX_JOINER_BYTES:
+            raise ValueError(f"The role {role[:40]!r}... is too long for the rendezvous.")
+        self._member_tail = tail.encode()
 
     def get_run_id(self) -> str:
         return self._settings.run_id
@@ -831,9 +924,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     my_call = await self._arm_last_call(r, token)
                     seen = True
             # the value is the arrival index: who came before whom, for the last call
-            await store.set(mprefix + self._node, str(n).encode(), lease=self._lease)
+            await store.set(mprefix + self._node, self._joiner_value(n), lease=self._lease)
         else:  # no last call: the max_nodes-th arrival decides
-            await store.set(mprefix + self._node, b"", lease=self._lease)
+            await store.set(mprefix + self._node, self._joiner_value(None), lease=self._lease)
             n = await store.add(self._rk(r, "count"), 1)
             direct = n == core.max_nodes
             if n > core.max_nodes:
@@ -904,13 +997,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 holder = True
             rev, live = await store.snapshot(mprefix)
             ids = [k[len(mprefix) :] for k in live if k != mprefix]
-            del live
             previous: tuple[str, ...] = ()
             if len(ids) >= core.max_nodes:
                 # the previous members matter only to a full round (admitted first)
                 previous = await self._previous_members(r)
             pending = await self._pending(r, ids, previous)
             chosen = choose_members(ids, previous, core, last_call_passed=passed, pending=pending)
+            # the members' rank blocks, from the values read with their keys (module doc)
+            ranks = None if chosen is None else self._rank_blocks(mprefix, live, chosen)
+            del live  # Performance: no N-key dict kept alive across the waits below
             if chosen is not None:
                 # After the decision r<r>/m/ holds the members' keys only (module doc)
                 left_out = sorted(set(ids).difference(chosen))
@@ -918,9 +1013,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     await self._delete_all([mprefix + node for node in left_out])
                     # the members watch from after these deletes
                     rev, _ = await store.snapshot(self._rk(r, "ev/"))
-                mine = _dump(
-                    {"version": _VERSION, "round": r, "members": list(chosen), "clean": rev}
-                )
+                decided: dict[str, Any] = {
+                    "version": _VERSION,
+                    "round": r,
+                    "members": list(chosen),
+                    "clean": rev,
+                }
+                if ranks is not None:
+                    decided["ranks"] = ranks
+                mine = _dump(decided)
                 # First writer wins; a racing decider adopts the winner's result.
                 won = await store.compare_set(result_key, None, mine)
                 if holder:
@@ -940,6 +1041,36 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # expire, a new last call to end, or the round to end.
             with contextlib.suppress(TimeoutError):  # the join timeout: the loop raises it
                 await store.watch(self._c, rev, max(0.0, deadline - clock.now()))
+
+    def _joiner_value(self, n: int | None) -> bytes:
+        """This joiner's ``m/`` value: its arrival index ``n`` (``None``: not known
+        when the key is written, without a last call), with its member info if it has
+        some: ``[n,role,lws]`` (n = 0 when unknown)."""
+        tail = self._member_tail
+        if tail is None:
+            return b"" if n is None else str(n).encode()
+        return b"[" + str(n or 0).encode() + tail
+
+    def _rank_blocks(
+        self, mprefix: str, live: dict[str, bytes], chosen: tuple[str, ...] | list[str]
+    ) -> list[list[int]] | None:
+        """Every chosen member's rank block, from the joiners' ``m/`` values (``live``),
+        in rank order; ``None`` if one of them published no member info."""
+        seen: dict[bytes, tuple[str, int] | None] = {}  # most values are equal: parse once
+        infos: list[tuple[str, int]] = []
+        for node in chosen:
+            raw = live[mprefix + node]
+            if raw in seen:
+                info = seen[raw]
+            else:
+                try:
+                    info = seen[raw] = _parse_joiner(raw)
+                except _Corrupt as e:
+                    raise _corrupt(mprefix + node, str(e)) from None
+            if info is None:
+                return None
+            infos.append(info)
+        return rank_blocks(infos)
 
     async def _delete_all(self, keys: list[str]) -> None:
         """Delete ``keys`` at once: one round trip's time for all of them, not one each
@@ -1022,6 +1153,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 len(members),
                 await RendezvousStoreInfo.build_async(rank, store, self._addr, port, 0.0),
                 round=r,
+                assignment=members.assignment(rank),
             )
         except TimeoutError:
             pass
@@ -1068,7 +1200,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             )
             return None
         info: RendezvousStoreInfo = value
-        return RendezvousInfo(store, rank, len(members), info, round=r)
+        return RendezvousInfo(
+            store, rank, len(members), info, round=r, assignment=members.assignment(rank)
+        )
 
     async def _park(self, r: int, members: tuple[str, ...], deadline: float) -> float:
         """Wait, on the wait or redundancy list of complete round ``r``, for it to end."""
