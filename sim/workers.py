@@ -84,8 +84,11 @@ class WorldState(enum.Enum):
 
 _EXITED = WState.EXITED
 _HUNG = WState.HUNG
-#: the states in which a member's exit or stop breaks its world (after, break_ does nothing)
-_BREAKABLE = frozenset({WorldState.FORMING, WorldState.RUNNING})
+#: the states in which a member's exit or stop breaks its world (after, break_ does nothing);
+#: tested by identity, not in a set (an Enum's __hash__ is a Python call: ~8 per node per
+#: job restart)
+_FORMING, _RUNNING = WorldState.FORMING, WorldState.RUNNING
+
 _by_global_rank = attrgetter("global_rank")
 _by_local_rank = attrgetter("local_rank")
 
@@ -408,7 +411,12 @@ class SimGroup:
                 self._wake()
             world = w.world
             # a world already broken or done: break_ would do nothing
-            if code != 0 and world is not None and was is not _HUNG and world.state in _BREAKABLE:
+            if (
+                code != 0
+                and world is not None
+                and was is not _HUNG
+                and ((ws := world.state) is _FORMING or ws is _RUNNING)
+            ):
                 world.break_(reason or cause.value, culprit=w)
 
     def _wake(self) -> None:
@@ -501,7 +509,11 @@ class SimGroup:
             # measured the break there), so its world breaks now
             for w in live:
                 world = w.world
-                if world is not None and w.state is not _HUNG and world.state in _BREAKABLE:
+                if (
+                    world is not None
+                    and w.state is not _HUNG
+                    and ((ws := world.state) is _FORMING or ws is _RUNNING)
+                ):
                     world.break_("stopped_by_agent", culprit=w)
             await training.clock.sleep(delay)
         before = len(self._exits)

@@ -113,6 +113,7 @@ SEED_NAMES: list[tuple[str, str | None]] = [
     ("elastic.run", "main"),
 ]
 
+
 @pytest.mark.parametrize(
     ("module", "name"),
     [pytest.param(m, n, id=f"{m}:{n}" if n else m) for m, n in SEED_NAMES],
@@ -313,6 +314,34 @@ def test_rendezvous_store_info_build_publishes_rank_zeros_address(
     assert info1 == info0
     with pytest.raises(TypeError, match="use build_async"):
         RendezvousStoreInfo.build(0, store.port, "x", 1)
+
+
+class _PlainDefPort:
+    """A store port whose methods return awaitables without being ``async def`` (as the
+    simulator's store client does): still the asynchronous port, not a blocking store."""
+
+    def __init__(self, port: Any) -> None:
+        self._port = port
+
+    def get(self, key: str, timeout: float | None = None) -> Any:
+        return self._port.get(key, timeout)
+
+    def set(self, key: str, value: bytes, *, lease: Any = None) -> Any:
+        return self._port.set(key, value, lease=lease)
+
+    def grant_lease(self, ttl: float) -> Any:
+        return self._port.grant_lease(ttl)
+
+    def watch(self, prefix: str, after: int, timeout: float | None = None) -> Any:
+        return self._port.watch(prefix, after, timeout)
+
+
+def test_a_store_port_of_plain_functions_is_not_taken_for_a_blocking_store(
+    real_handler: RendezvousHandler,
+) -> None:
+    port = _PlainDefPort(real_handler.next_rendezvous().store.port)
+    with pytest.raises(TypeError, match="use build_async"):
+        RendezvousStoreInfo.build(0, port, "x", 1)
 
 
 def test_the_dynamic_handlers_workers_build_their_own_store_and_are_told_so(

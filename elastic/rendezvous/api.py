@@ -78,6 +78,19 @@ SyncRunner = Callable[[Coroutine[Any, Any, Any]], Any]
 ThreadRunner = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 
+def _is_store_port(store: Any) -> bool:
+    """Whether ``store`` is the asynchronous store port, not a blocking (torch) ``Store``.
+
+    A port's ``get`` is a coroutine function, or it has the port's own operations
+    (``grant_lease`` and ``watch``, which torch's ``Store`` lacks): a port may implement
+    its methods as plain functions that return awaitables (the simulator's store client
+    does), which ``inspect.iscoroutinefunction`` alone would call blocking.
+    """
+    if inspect.iscoroutinefunction(getattr(store, "get", None)):
+        return True
+    return callable(getattr(store, "grant_lease", None)) and callable(getattr(store, "watch", None))
+
+
 class RendezvousError(ElasticError):
     """Represents the base type for rendezvous errors."""
 
@@ -143,7 +156,7 @@ class RendezvousStoreInfo:
         Rank 0 uses ``local_addr`` (default: this host's FQDN) and ``server_port``
         (default: a free TCP port).  In the agent's own loop use :meth:`build_async`.
         """
-        if inspect.iscoroutinefunction(getattr(store, "get", None)):
+        if _is_store_port(store):
             raise TypeError(
                 "RendezvousStoreInfo.build() needs a synchronous store (torch's Store "
                 "methods); for the asynchronous store port use build_async()"
@@ -528,7 +541,7 @@ class RendezvousHandler(ABC):
         store = info.store
         if isinstance(store, SyncStore):
             store = store.port
-        elif not inspect.iscoroutinefunction(getattr(store, "get", None)):
+        elif not _is_store_port(store):
             assert self.thread_runner is not None
             store = ThreadedStore(store, self.thread_runner)
         return RendezvousInfo(
