@@ -13,7 +13,10 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
 * ``r<r>/m/<node>`` (leased) and ``r<r>/count`` — joining round ``r`` is one ``set`` and
   one ``add`` (the arrival index ``n``; with ``min_nodes < max_nodes`` the add comes
   first and the ``m/`` value is ``n``, so an arrival past ``min_nodes`` can count the
-  live joiners before it with one read).
+  live joiners before it with one read).  A joiner whose agent gave its member info
+  (:meth:`DynamicRendezvousHandler.set_member_info`) writes JSON ``[n, role,
+  local_world_size]`` instead (``n`` = 0 without a last call, where the key is written
+  before the count and nobody reads it), for the decider's rank blocks.
 * ``state/r<r>/lc`` — round ``r``'s last call, running: set by the arrival that brings
   the live joiners to ``min_nodes``, on a lease of ``last_call_timeout`` that nobody
   renews, so the deadline is the round's (torch's ``state.deadline``) and the store ends
@@ -34,6 +37,15 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
   members only, and records in it (``"clean"``) the store's revision after those
   deletes: the members watch the round from there, with no read first.  The winner of
   the result deletes round ``r - 1``'s result (read by round ``r``'s decider only).
+  When every member's ``m/`` value (read with its key, in the same snapshot) carries
+  its role and local world size, the result also holds ``"ranks"``: each member's
+  ``[base_global, world, base_role, role_world]`` in rank order, by torch's rules
+  (:func:`~elastic.rendezvous.assignment.rank_blocks`, what the agents' store exchange
+  computes), and each member's :attr:`RendezvousInfo.assignment` is its block: the
+  agent starts its workers without torch's rank exchange (a ``set`` and a ``get`` per
+  agent, an O(N) ``multi_get`` and ``multi_set`` on rank 0, and a task raced against
+  the member watch, at every restart).  One joiner without member info (another
+  version, a test driving the handler): no ``"ranks"``, every member exchanges.
 * ``r<r>/ev/<node>`` (leased) — a late arrival on the wait list; ``x/r<r>/<node>``
   (leased) — on the redundancy list.
 * ``r<r>/m/`` itself (the members' prefix, no node: node ids are never empty) — the end
@@ -48,7 +60,9 @@ Invariants (each O(1) per node per round; the decider's reads are O(N), once)
   round's own keys ``state/r<r>/`` (O(1)),
   ``set`` + ``add`` to join, one watch of the ``state`` prefix and one read of
   ``state/r<r>/`` for the result, one watch of the round and one read when it wakes —
-  plus rank 0's address.  The O(N) result is read once, from ``state/r<r>/`` only.
+  plus rank 0's address — and none for its ranks when the round carries them (two
+  more, and rank 0's O(N) pair, when the agent must exchange them).  The O(N) result
+  is read once, from ``state/r<r>/`` only.
 * A joiner waits on the ``state`` key's prefix (state, result, lc, dec): O(1) keys, and
   it changes O(1) times a round (the state moves on only once the round has a result,
   and the previous round's result goes only after this one's).  At the last call's end
@@ -77,8 +91,9 @@ and fails on any difference.
 
 A round may be decided with a member that has just died: its leased keys outlive it by
 the lease's time-to-live.  So while a member exchanges the round's master address (and
-while the agent exchanges ranks, :meth:`DynamicRendezvousHandler.watch_members_async`),
-it also watches the members as above: when a member's lease expires, the round ends
+while an agent whose round carries no ranks exchanges them,
+:meth:`DynamicRendezvousHandler.watch_members_async`), it also watches the members as
+above: when a member's lease expires, the round ends
 (``peer_lost``) and the survivors join the next one, instead of waiting for the dead
 member's address until their join timeout.
 
