@@ -212,12 +212,16 @@ class _RecordingStore(MemoryStore):
 
 
 class _Host(SimStoreHost):
-    made: ClassVar[list[_Host]] = []
+    """A store host recording the keys its operations name, in ``touched`` (the one
+    thing kept after the run: a host kept alive would keep the run's agents alive, and
+    tests/test_sim_memory.py counts them)."""
+
+    touched: ClassVar[set[str]] = set()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.store = _RecordingStore(self.clock)
-        _Host.made.append(self)
+        store = self.store = _RecordingStore(self.clock)
+        store.touched = _Host.touched
 
 
 SCENARIO = """name: 64 nodes restart
@@ -236,12 +240,11 @@ EXCHANGE = ("torchelastic/role_info/", "torchelastic/assigned_ranks/")
 
 
 def _run_64(monkeypatch: pytest.MonkeyPatch) -> tuple[set[str], list[Any]]:
-    _Host.made = []
+    touched = _Host.touched = set()
     monkeypatch.setattr(sim.run, "SimStoreHost", _Host)
     result = simulate(load_scenario_text(SCENARIO, "s.yaml"), keep_events=True)
     assert result.events is not None
-    (host,) = _Host.made
-    return host.store.touched, result.events
+    return touched, result.events
 
 
 @pytest.mark.timeout(120)
