@@ -12,6 +12,7 @@ that restarts makes no rank-exchange store operation at all.
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any, ClassVar
 
@@ -24,7 +25,14 @@ from elastic.clock import Clock
 from elastic.events import kinds
 from elastic.memstore import MemoryStore
 from elastic.rendezvous.api import RendezvousHandler, RendezvousInfo, RendezvousStateError
-from elastic.rendezvous.assignment import AgentAssignment, RoleInfo, assign_ranks
+from elastic.rendezvous.assignment import (
+    AgentAssignment,
+    RoleInfo,
+    assign_ranks,
+    expand_runs,
+    rank_blocks,
+    rank_runs,
+)
 from elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousSettings,
@@ -171,10 +179,16 @@ def test_a_corrupt_joiner_value_raises_naming_its_key(value: bytes, why: str) ->
 @pytest.mark.parametrize(
     "ranks",
     [
-        [[0, 8, 0, 8]],  # one block for two members
-        [[0, 8, 0, 8], [8, 8, 0, 8]],  # a base outside its world
-        [[0, 16, 0, 8], [8, 16, 8, 32]],  # a role world larger than the world
-        [[0, 16, 0, 16], [8, 16, 8, True]],
+        [[1, 8, 0, 8, 0, 8]],  # one member of two
+        [[3, 8, 0, 24, 0, 24]],  # three members of two
+        [[1, 8, 0, 16, 0, 8], [1, 8, 0, 16, 0, 8]],  # global blocks overlap
+        [[1, 8, 0, 16, 0, 8], [1, 8, 8, 16, 4, 8]],  # a role block past its role world
+        [[1, 8, 0, 16, 0, 32], [1, 8, 8, 16, 8, 32]],  # a role world past the world
+        [[1, 8, 0, 16, 0, 16], [1, 8, 8, 24, 8, 16]],  # two world sizes
+        [[2, 8, 0, 24, 0, 24]],  # the world is not the sum of the blocks
+        [[1, 8, 0, 16, 0, 16], [1, 8, 8, 16, 8, True]],
+        [[0, 8, 0, 16, 0, 16], [2, 8, 0, 16, 0, 16]],  # an empty run
+        [],
         "[0, 16]",
     ],
 )
@@ -185,6 +199,45 @@ def test_a_corrupt_ranks_field_raises_naming_the_result_key(ranks: Any) -> None:
     ).encode()
     with pytest.raises(RendezvousStateError, match=r"c/state/r3/result.*'ranks'"):
         h._decode_result(3, raw)
+
+
+def test_a_valid_ranks_field_gives_each_member_its_block() -> None:
+    h = _handlers(SimClock(), MemoryStore(SimClock()), 1, 1, 4)[0]
+    agents = [("ps", 2), ("trainer", 8), ("trainer", 8), ("ps", 2)]
+    raw = json.dumps(
+        {"version": 1, "round": 0, "members": list("abcd"), "ranks": rank_runs(agents)}
+    ).encode()
+    members = h._decode_result(0, raw)
+    assert members is not None
+    got = [members.assignment(i) for i in range(4)]
+    assert got == assign_ranks([RoleInfo(role, i, n) for i, (role, n) in enumerate(agents)])
+
+
+@given(agents)
+def test_rank_runs_are_the_blocks_run_length_encoded(xs: list[tuple[str, int]]) -> None:
+    runs = rank_runs(xs)
+    assert expand_runs(runs) == rank_blocks(xs)
+    # one run per change of role or local world size
+    assert len(runs) == 1 + sum(1 for a, b in itertools.pairwise(xs) if a != b)
+
+
+def test_a_uniform_rounds_ranks_are_one_run_whatever_its_size() -> None:
+    async def body(clock: Clock) -> tuple[int, int]:
+        sizes = []
+        for n in (8, 256):
+            store = MemoryStore(clock)
+            hs = _handlers(clock, store, n, n, n)
+            for h in hs:
+                h.set_member_info("trainer", 8)
+            tasks = [clock.spawn(h.next_rendezvous_async()) for h in hs]
+            infos = [await t.join() for t in tasks]
+            assert all(i.assignment is not None for i in infos)
+            raw = await store.get("elastic/rdzv/job/c/state/r0/result")
+            sizes.append(len(json.dumps(json.loads(raw)["ranks"])))
+        return sizes[0], sizes[1]
+
+    small, large = run_in("sim", body)
+    assert small == large - 3 * 2, (small, large)  # only the digits grow (8 -> 256 members)
 
 
 class _RecordingStore(MemoryStore):

@@ -41,7 +41,11 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
   its role and local world size, the result also holds ``"ranks"``: each member's
   ``[base_global, world, base_role, role_world]`` in rank order, by torch's rules
   (:func:`~elastic.rendezvous.assignment.rank_blocks`, what the agents' store exchange
-  computes), and each member's :attr:`RendezvousInfo.assignment` is its block: the
+  computes), run-length encoded (:func:`~elastic.rendezvous.assignment.rank_runs`: one
+  ``[count, lws, base_global, world, base_role, role_world]`` per run of members of the
+  same role and local world size, so a uniform job's is O(1), not O(N) bytes more in
+  a value every member reads), and each member's :attr:`RendezvousInfo.assignment` is
+  its block: the
   agent starts its workers without torch's rank exchange (a ``set`` and a ``get`` per
   agent, an O(N) ``multi_get`` and ``multi_set`` on rank 0, and a task raced against
   the member watch, at every restart).  One joiner without member info (another
@@ -116,6 +120,7 @@ Two ways to build the handler
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import json
@@ -148,7 +153,7 @@ from elastic.rendezvous.api import (
     SyncRunner,
     SyncStore,
 )
-from elastic.rendezvous.assignment import AgentAssignment, rank_blocks
+from elastic.rendezvous.assignment import AgentAssignment, rank_runs
 from elastic.rendezvous.prefix_store import PrefixStore
 from elastic.store import Lease, Store
 
@@ -333,27 +338,37 @@ class _Corrupt(Exception):
 class _Members(tuple[str, ...]):
     """Node ids in rank order, with an O(1) rank lookup (``in`` uses it too), the
     revision from which the members watch the round (``clean``; None: not recorded), and
-    each member's rank block ``[base_global, world, base_role, role_world]`` in rank
-    order (``ranks``; None: the round carries none, the agents exchange them)."""
+    the members' rank blocks as runs (``runs``, the result's ``ranks``: see
+    :func:`~elastic.rendezvous.assignment.rank_runs`; None: the round carries none, the
+    agents exchange them)."""
 
     rank: dict[str, int]
     clean: int | None
-    ranks: list[list[int]] | None
+    runs: list[list[int]] | None
+    starts: list[int]  # the first member's rank of each run
 
     def __new__(
-        cls, ids: list[str], clean: int | None = None, ranks: list[list[int]] | None = None
+        cls, ids: list[str], clean: int | None = None, runs: list[list[int]] | None = None
     ) -> _Members:
         self = super().__new__(cls, ids)
         self.rank = {m: i for i, m in enumerate(self)}
         self.clean = clean
-        self.ranks = ranks
+        self.runs = runs
+        self.starts = []
+        first = 0
+        for run in runs or ():
+            self.starts.append(first)
+            first += run[0]
         return self
 
     def assignment(self, rank: int) -> AgentAssignment | None:
-        """Member ``rank``'s assignment, if the round carries them."""
-        if self.ranks is None:
+        """Member ``rank``'s assignment, if the round carries them (from its run)."""
+        if self.runs is None:
             return None
-        return AgentAssignment(*self.ranks[rank])
+        j = bisect.bisect_right(self.starts, rank) - 1
+        _, lws, bg, world, br, rw = self.runs[j]
+        k = rank - self.starts[j]
+        return AgentAssignment(bg + k * lws, world, br + k * lws, rw)
 
     def __contains__(self, node: object) -> bool:
         return node in self.rank
@@ -409,24 +424,38 @@ def _parse_joiner(raw: bytes) -> tuple[str, int] | None:
     return obj[1], obj[2]
 
 
-def _check_ranks(ranks: Any, size: int) -> list[list[int]]:
-    """The result's ``ranks`` field: one ``[base_global, world, base_role, role_world]``
-    per member, each a block inside its world."""
-    if not isinstance(ranks, list) or len(ranks) != size:
-        raise _Corrupt(f"field 'ranks' must be a list of {size} rank blocks")
-    for block in ranks:
+def _check_ranks(runs: Any, size: int) -> list[list[int]]:
+    """The result's ``ranks`` field (:func:`~elastic.rendezvous.assignment.rank_runs`):
+    runs ``[count, lws, base_global, world, base_role, role_world]`` covering ``size``
+    members, their global blocks contiguous from 0 to the world size, each role block
+    inside its role's world."""
+    if not isinstance(runs, list) or not runs:
+        raise _Corrupt("field 'ranks' must be a non-empty list of rank runs")
+    world = runs[0][3] if isinstance(runs[0], list) and len(runs[0]) == 6 else None
+    members = next_global = 0
+    for run in runs:
         if (
-            not isinstance(block, list)
-            or len(block) != 4
-            or not all(type(x) is int for x in block)
-            or not 0 <= block[0] < block[1]
-            or not 0 <= block[2] < block[3] <= block[1]
+            not isinstance(run, list)
+            or len(run) != 6
+            or not all(type(x) is int for x in run)
+            or run[0] < 1
+            or run[1] < 1
+            or run[2] != next_global
+            or run[3] != world
+            or not 0 <= run[4] <= run[4] + run[0] * run[1] <= run[5] <= run[3]
         ):
             raise _Corrupt(
-                "field 'ranks' must hold [base_global, world, base_role, role_world] "
-                f"blocks inside their worlds, got {block!r}"
+                "field 'ranks' must hold runs [count, lws, base_global, world, base_role, "
+                f"role_world], contiguous and inside their worlds, got {str(run)[:80]}"
             )
-    return ranks
+        members += run[0]
+        next_global += run[0] * run[1]
+    if members != size or next_global != world:
+        raise _Corrupt(
+            f"field 'ranks' covers {members} members and {next_global} ranks, expected "
+            f"{size} members and the world size {world}"
+        )
+    return runs
 
 
 # a round's members are read by every member of it, once: the current round's and the
@@ -449,10 +478,10 @@ def _parse_result(raw: bytes, max_nodes: int) -> _Members | None:
     clean = obj.get("clean")
     if clean is not None and (not isinstance(clean, int) or isinstance(clean, bool) or clean < 0):
         raise _Corrupt(f"field 'clean' must be a non-negative int, got {clean!r}")
-    ranks = obj.get("ranks")
-    if ranks is not None:
-        ranks = _check_ranks(ranks, len(members))
-    return _Members(members, clean, ranks)
+    runs = obj.get("ranks")
+    if runs is not None:
+        runs = _check_ranks(runs, len(members))
+    return _Members(members, clean, runs)
 
 
 # Performance: every node reads the same few state values (the same bytes objects from
@@ -1023,7 +1052,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             pending = await self._pending(r, ids, previous)
             chosen = choose_members(ids, previous, core, last_call_passed=passed, pending=pending)
             # the members' rank blocks, from the values read with their keys (module doc)
-            ranks = None if chosen is None else self._rank_blocks(mprefix, live, chosen)
+            ranks = None if chosen is None else self._rank_runs(mprefix, live, chosen)
             del live  # Performance: no N-key dict kept alive across the waits below
             if chosen is not None:
                 # After the decision r<r>/m/ holds the members' keys only (module doc)
@@ -1070,11 +1099,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return b"" if n is None else str(n).encode()
         return b"[" + str(n or 0).encode() + tail
 
-    def _rank_blocks(
+    def _rank_runs(
         self, mprefix: str, live: dict[str, bytes], chosen: tuple[str, ...] | list[str]
     ) -> list[list[int]] | None:
-        """Every chosen member's rank block, from the joiners' ``m/`` values (``live``),
-        in rank order; ``None`` if one of them published no member info."""
+        """The chosen members' rank blocks in rank order, from the joiners' ``m/`` values
+        (``live``), as runs (:func:`rank_runs`); ``None`` if one of them published no
+        member info."""
         seen: dict[bytes, tuple[str, int] | None] = {}  # most values are equal: parse once
         infos: list[tuple[str, int]] = []
         for node in chosen:
@@ -1089,7 +1119,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if info is None:
                 return None
             infos.append(info)
-        return rank_blocks(infos)
+        return rank_runs(infos)
 
     async def _delete_all(self, keys: list[str]) -> None:
         """Delete ``keys`` at once: one round trip's time for all of them, not one each
