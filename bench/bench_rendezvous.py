@@ -1,11 +1,16 @@
 """One dynamic rendezvous of N simulated nodes: wall time, simulator events, store traffic.
 
-Run:  python bench/bench_rendezvous.py [--sizes 10,100,1000,4000] [--out FILE.md]
+Run:  python bench/bench_rendezvous.py [--sizes 10,100,1000,4000] [--ranks result|exchange]
+      [--out FILE.md]
 
 Each node is a DynamicRendezvousHandler on its own client of the simulated store host
 (``sim.store.SimStoreHost``, 1 ms per store round trip).  Nodes arrive uniformly over
 5 simulated seconds (seeded), ``min_nodes = N/2``, ``max_nodes = N``: the round
-completes when the last node arrives.  Per-node figures should stay flat as N grows
+completes when the last node arrives.  Each node then learns its ranks as the agent does:
+from the round's result (``--ranks result``, the default: the agent's role and local world
+size given to the handler first) or, as torch does and as the agent does for a handler
+whose round carries none, through the round's store (``--ranks exchange``).  Per-node
+figures should stay flat as N grows
 (O(N) in total) — torch's whole-state CAS protocol is O(N²) in bytes (PR #124982:
 4,000 hosts took 373 s).
 """
@@ -18,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from elastic.agent.ranks import AgentAssignment, exchange_ranks_in_round
 from elastic.rendezvous import RendezvousInfo
 from elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
@@ -32,7 +38,10 @@ ARRIVAL_WINDOW = 5.0
 SEED = 1
 
 
-def one(n: int) -> dict[str, float]:
+ROLE, LOCAL_WORLD_SIZE = "trainer", 8
+
+
+def one(n: int, exchange: bool = False) -> dict[str, float]:
     clock = SimClock()
     host = SimStoreHost(clock, latency=LATENCY)
     settings = RendezvousSettings("bench", max(1, n // 2), n, RendezvousTimeout())
@@ -50,7 +59,16 @@ def one(n: int) -> dict[str, float]:
             host.client(i),
             clock,
         )
-        infos.append(await h.next_rendezvous_async())
+        if not exchange:
+            h.set_member_info(ROLE, LOCAL_WORLD_SIZE)
+        info = await h.next_rendezvous_async()
+        ranks = info.assignment
+        if ranks is None:
+            got = await exchange_ranks_in_round(clock, h, info, ROLE, LOCAL_WORLD_SIZE, 600.0)
+            assert isinstance(got, AgentAssignment), got
+            ranks = got
+        assert ranks.base_global_rank == info.rank * LOCAL_WORLD_SIZE
+        infos.append(info)
         done.append(clock.now())
 
     for i in range(n):
@@ -92,10 +110,16 @@ def table(rows: list[dict[str, float]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10,100,1000,4000")
+    ap.add_argument(
+        "--ranks",
+        choices=("result", "exchange"),
+        default="result",
+        help="ranks from the round's result (default) or torch's store exchange",
+    )
     ap.add_argument("--out", default="bench/results/rendezvous.md")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    rows = [one(n) for n in sizes]
+    rows = [one(n, args.ranks == "exchange") for n in sizes]
     text = table(rows)
     print(text)
     if args.out:
@@ -105,7 +129,13 @@ def main(argv: list[str] | None = None) -> int:
             f"Command: `{cmd.strip()}`\n\n"
             f"Store: `sim.store.SimStoreHost`, {LATENCY * 1000:g} ms per round trip; arrivals "
             f"uniform over {ARRIVAL_WINDOW:g} s (seed {SEED}); min_nodes = N/2, max_nodes = N "
-            "(the round completes when the last node arrives).  `bytes written` counts key + "
+            "(the round completes when the last node arrives); ranks "
+            + (
+                "through the round's store (torch's exchange)"
+                if args.ranks == "exchange"
+                else "from the round's result"
+            )
+            + ".  `bytes written` counts key + "
             "value of every write, including each round's MASTER_ADDR/PORT.\n\n"
             f"{text}\n"
         )

@@ -1,8 +1,9 @@
 """Property: no run waits for a member known dead longer than its lease.
 
 Real :class:`DynamicRendezvousHandler` s on the simulated store, each driven as the agent
-drives it (``next_rendezvous_async``, then the agent's own rank exchange,
-:func:`elastic.agent.ranks.exchange_ranks_in_round`, then ``watch_async``).  Hypothesis
+drives it (``next_rendezvous_async``, then the ranks: from the round's result when the
+node gave its member info, else the agent's own rank exchange,
+:func:`elastic.agent.ranks.exchange_ranks_in_round`; then ``watch_async``).  Hypothesis
 kills some nodes at arbitrary moments around the formation of a round — before joining,
 while the round fills, after it is decided but while addresses and ranks are exchanged,
 or after it runs.  A dead node's lease (``TTL``) outlives it, so a round may be decided
@@ -35,13 +36,17 @@ SLACK = 1.0  # store round trips: 1 ms each, a few dozen at most
 
 
 class _Node:
-    def __init__(self, clock: SimClock, host: SimStoreHost, i: int, lo: int, hi: int) -> None:
+    def __init__(
+        self, clock: SimClock, host: SimStoreHost, i: int, lo: int, hi: int, member_info: bool
+    ) -> None:
         self.id = f"node{i:02d}"
         self.store: SimStoreClient = host.client(self.id)
         rs = RendezvousSettings("job", lo, hi, RendezvousTimeout(JOIN, LAST_CALL, 30.0))
         self.handler = DynamicRendezvousHandler(
             self.id, self.id, rs, "c10d", self.store, clock, lease_ttl=TTL
         )
+        if member_info:
+            self.handler.set_member_info("trainer", 1)
         self.clock = clock
         # (time, round, world size) of every round whose ranks this node exchanged
         self.rounds: list[tuple[float, int, int]] = []
@@ -51,7 +56,9 @@ class _Node:
         h, clock = self.handler, self.clock
         while True:
             info = await h.next_rendezvous_async()
-            got = await exchange_ranks_in_round(clock, h, info, "trainer", 1, timeout=JOIN)
+            got = info.assignment or await exchange_ranks_in_round(
+                clock, h, info, "trainer", 1, timeout=JOIN
+            )
             if isinstance(got, AgentAssignment):
                 assert got.world_size == info.world_size
                 self.rounds.append((clock.now(), info.round, info.world_size))
@@ -66,9 +73,12 @@ class _Node:
 @settings(max_examples=150, deadline=None)
 @given(
     n=st.integers(3, 6),
+    member_info=st.booleans(),
     data=st.data(),
 )
-def test_survivors_never_wait_for_a_dead_member_beyond_its_lease(n: int, data: Any) -> None:
+def test_survivors_never_wait_for_a_dead_member_beyond_its_lease(
+    n: int, member_info: bool, data: Any
+) -> None:
     dead = data.draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n - 1), label="dead")
     survivors = n - len(dead)
     lo = data.draw(st.integers(1, survivors), label="min_nodes")
@@ -81,7 +91,7 @@ def test_survivors_never_wait_for_a_dead_member_beyond_its_lease(n: int, data: A
     starts = [data.draw(st.integers(0, 5_000), label="start (ms)") / 1000.0 for _ in range(n)]
     clock = SimClock()
     host = SimStoreHost(clock, latency=0.001)
-    nodes = [_Node(clock, host, i, lo, hi) for i in range(n)]
+    nodes = [_Node(clock, host, i, lo, hi, member_info) for i in range(n)]
 
     async def start(node: _Node, at: float) -> None:
         await clock.sleep(at)

@@ -58,6 +58,7 @@ MUST_BE_PURE = [
     "elastic/rendezvous/dynamic_rendezvous.py",
     "elastic/rendezvous/static.py",
     "elastic/rendezvous/api.py",
+    "elastic/rendezvous/assignment.py",
     "elastic/timer/table.py",
     "elastic/timer/driver.py",
     "elastic/timer/api.py",

@@ -53,6 +53,32 @@ def test_two_agents_form_one_world_and_agree_on_rank_0s_address(tmp_path: Path, 
         assert job.wait("a") == 0 and job.wait("b") == 0, job.collect()
 
 
+@pytest.mark.timeout(90)
+def test_agents_of_different_local_world_sizes_get_torchs_contiguous_rank_blocks(
+    tmp_path: Path, tag: str
+) -> None:
+    """The ranks come with the round's result (the c10d rendezvous's decider computes
+    them from each agent's local world size): blocks in group-rank order, as torch's
+    exchange assigns them."""
+    port = free_port()
+    with Job(tmp_path, tag) as job:
+        job.start("a", c10d(port, "2", nproc=3))
+        listening("127.0.0.1", port)
+        job.start("b", c10d(port, "2", nproc=1))
+        starts = job.wait_for(lambda s: len(s) == 4, what="4 workers")
+        assert {e["WORLD_SIZE"] for e in starts} == {"4"}
+        by_group: dict[int, list[int]] = {}
+        for e in starts:
+            by_group.setdefault(int(e["GROUP_RANK"]), []).append(int(e["RANK"]))
+        sizes = {int(e["GROUP_RANK"]): 3 if e["agent"] == "a" else 1 for e in starts}
+        first = 0
+        for g in sorted(by_group):
+            assert sorted(by_group[g]) == list(range(first, first + sizes[g])), by_group
+            first += sizes[g]
+        job.stop_workers()
+        assert job.wait("a") == 0 and job.wait("b") == 0, job.collect()
+
+
 GLOO = """
     import os, torch, torch.distributed as dist
     dist.init_process_group("gloo", init_method="env://")

@@ -13,8 +13,11 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
+
 from elastic.clock import Clock
 from elastic.memstore import MemoryStore
+from elastic.rendezvous.api import RendezvousInfo
 from elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousSettings,
@@ -83,16 +86,25 @@ class CountingStore(MemoryStore):
         return await super().watch(prefix, after, timeout)
 
 
-def test_a_restarted_round_costs_each_member_a_bounded_number_of_store_operations() -> None:
+@pytest.mark.parametrize("member_info", [False, True])
+def test_a_restarted_round_costs_each_member_a_bounded_number_of_store_operations(
+    member_info: bool,
+) -> None:
+    """With member info (what the agent gives), the same operations also bring every
+    member its ranks: the agent's store exchange (two more per member, rank 0's O(N)
+    pair) is gone, and the bound holds for the whole way to a member's ranks."""
     n = 64
 
-    async def body(clock: Clock) -> tuple[Counter[str], list[int]]:
+    async def body(clock: Clock) -> tuple[Counter[str], list[RendezvousInfo]]:
         store = CountingStore(clock)
         settings = RendezvousSettings("job", n, n, RendezvousTimeout(60.0, 1.0, 1.0))
         hs = [
             DynamicRendezvousHandler(f"n{i:03d}", f"h{i}", settings, "c10d", store, clock)
             for i in range(n)
         ]
+        if member_info:
+            for h in hs:
+                h.set_member_info("trainer", 8)
         first = [clock.spawn(h.next_rendezvous_async()) for h in hs]
         for t in first:
             await t.join()
@@ -106,10 +118,16 @@ def test_a_restarted_round_costs_each_member_a_bounded_number_of_store_operation
             assert await w.join() == "restarted"
             again.append(clock.spawn(h.next_rendezvous_async()))
         infos = [await t.join() for t in again]
-        return store.ops, [i.round for i in infos]
+        return store.ops, infos
 
-    ops, rounds = run_in("sim", body)
-    assert rounds == [1] * n
+    ops, infos = run_in("sim", body)
+    assert [i.round for i in infos] == [1] * n
+    if member_info:
+        assert sorted((i.assignment.base_global_rank, i.rank) for i in infos if i.assignment) == [
+            (8 * g, g) for g in range(n)
+        ]
+    else:
+        assert all(i.assignment is None for i in infos)
     assert ops["end_marker"] == 1, ops  # one member ended round 0, the others joined
     per_member = (ops.total() - ops["end_marker"]) / n
     assert per_member <= PER_ROUND, (per_member, ops)

@@ -1,13 +1,15 @@
-"""Rank assignment, as torch ≥ 2.4 does it: a pure function and its store exchange.
+"""Rank assignment: torch's store exchange, for handlers whose round carries no ranks.
 
-Rules (pinned by ``tests/test_ranks.py``):
+The pure rules and values (:class:`RoleInfo`, :class:`AgentAssignment`,
+:func:`assign_ranks`) live in :mod:`elastic.rendezvous.assignment` (the dynamic
+rendezvous computes them in its round's result, see below) and are re-exported here.
 
-* global ranks are contiguous blocks in group-rank order: agent ``g`` gets
-  ``[sum(lws of agents < g), … + lws_g)``;
-* role ranks are contiguous blocks, in group-rank order, among agents of the same role;
-* world size is the sum of every agent's local world size; a role's world size is the
-  sum over the agents of that role;
-* within an agent, ranks ascend with the local rank.
+A handler whose :class:`~elastic.rendezvous.api.RendezvousInfo` carries the member's
+``assignment`` (the dynamic rendezvous, told the agent's role and local world size by
+:meth:`~elastic.rendezvous.api.RendezvousHandler.set_member_info` before it joins) needs
+no exchange: its decider, which reads every joiner once anyway, wrote every member's
+block in the round's result.  Any other handler (torch's own, the static one, a user's)
+gets the exchange below, as torch runs it.
 
 The exchange: every agent publishes ``{"role", "rank", "local_world_size"}`` (JSON) at
 ``torchelastic/role_info/<group_rank>``; group rank 0 reads them all, computes every
@@ -24,11 +26,10 @@ others waiting for its role info or assignment.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 
-from elastic._records import Frozen, set_fields
 from elastic.clock import Clock, Task
 from elastic.rendezvous.api import RendezvousHandler, RendezvousInfo
+from elastic.rendezvous.assignment import AgentAssignment, RoleInfo, assign_ranks
 from elastic.store import Store
 
 __all__ = [
@@ -41,80 +42,6 @@ __all__ = [
 
 ROLE_INFO_PREFIX = "torchelastic/role_info/"
 ASSIGNED_PREFIX = "torchelastic/assigned_ranks/"
-
-
-class RoleInfo(Frozen):
-    """What one agent publishes: its role, group rank and local world size."""
-
-    __slots__ = ("local_world_size", "rank", "role")
-    role: str
-    rank: int
-    local_world_size: int
-
-    def __init__(self, role: str, rank: int, local_world_size: int) -> None:
-        set_fields(self, "role", role)
-        set_fields(self, "rank", rank)
-        set_fields(self, "local_world_size", local_world_size)
-
-    def serialize(self) -> bytes:
-        return json.dumps(
-            {"role": self.role, "rank": self.rank, "local_world_size": self.local_world_size}
-        ).encode()
-
-    @staticmethod
-    def deserialize(data: bytes) -> RoleInfo:
-        d = json.loads(data)
-        return RoleInfo(str(d["role"]), int(d["rank"]), int(d["local_world_size"]))
-
-
-class AgentAssignment(Frozen):
-    """One agent's block: first global rank, world size, first role rank, role world size."""
-
-    __slots__ = ("base_global_rank", "base_role_rank", "role_world_size", "world_size")
-    base_global_rank: int
-    world_size: int
-    base_role_rank: int
-    role_world_size: int
-
-    def __init__(
-        self, base_global_rank: int, world_size: int, base_role_rank: int, role_world_size: int
-    ) -> None:
-        set_fields(self, "base_global_rank", base_global_rank)
-        set_fields(self, "world_size", world_size)
-        set_fields(self, "base_role_rank", base_role_rank)
-        set_fields(self, "role_world_size", role_world_size)
-
-    def global_ranks(self, local_world_size: int) -> range:
-        return range(self.base_global_rank, self.base_global_rank + local_world_size)
-
-    def role_ranks(self, local_world_size: int) -> range:
-        return range(self.base_role_rank, self.base_role_rank + local_world_size)
-
-
-def assign_ranks(agents: Sequence[RoleInfo]) -> list[AgentAssignment]:
-    """Every agent's assignment, indexed by group rank (``agents`` in any order)."""
-    by_rank = sorted(agents, key=lambda a: a.rank)
-    if [a.rank for a in by_rank] != list(range(len(by_rank))):
-        raise ValueError(
-            f"group ranks must be exactly 0..{len(by_rank) - 1}, got {[a.rank for a in by_rank]}"
-        )
-    for a in by_rank:
-        if a.local_world_size <= 0:
-            raise ValueError(
-                f"agent {a.rank}: local_world_size must be > 0, got {a.local_world_size}"
-            )
-    role_sizes: dict[str, int] = {}
-    for a in by_rank:
-        role_sizes[a.role] = role_sizes.get(a.role, 0) + a.local_world_size
-    world = sum(role_sizes.values())
-    base_global = 0
-    role_base: dict[str, int] = dict.fromkeys(role_sizes, 0)
-    out: list[AgentAssignment] = []
-    for a in by_rank:
-        out.append(AgentAssignment(base_global, world, role_base[a.role], role_sizes[a.role]))
-        base_global += a.local_world_size
-        role_base[a.role] += a.local_world_size
-    return out
 
 
 async def exchange_ranks(

@@ -40,6 +40,7 @@ from typing import Any, ClassVar, TypeVar
 from elastic._records import Frozen, set_fields
 from elastic.clock import Clock
 from elastic.errors import ElasticError
+from elastic.rendezvous.assignment import AgentAssignment
 from elastic.store import Store
 
 __all__ = [
@@ -346,9 +347,15 @@ class ThreadedStore:
 
 
 class RendezvousInfo:
-    """Holds the information about the rendezvous."""
+    """Holds the information about the rendezvous.
 
-    __slots__ = ("_bootstrap_store_info", "_rank", "_store", "_world_size", "round")
+    ``assignment`` (not torch's; default ``None``): this member's rank block, when the
+    handler's round carries it (the dynamic rendezvous, once told the agent's role and
+    local world size by :meth:`RendezvousHandler.set_member_info`).  The agent then skips
+    torch's rank exchange through the round's store; with ``None`` it runs it.
+    """
+
+    __slots__ = ("_bootstrap_store_info", "_rank", "_store", "_world_size", "assignment", "round")
 
     def __init__(
         self,
@@ -357,12 +364,14 @@ class RendezvousInfo:
         world_size: int,
         bootstrap_store_info: RendezvousStoreInfo,
         round: int = 0,
+        assignment: AgentAssignment | None = None,
     ) -> None:
         self._store = store
         self._rank = rank
         self._world_size = world_size
         self._bootstrap_store_info = bootstrap_store_info
         self.round = round
+        self.assignment = assignment
 
     @property
     def store(self) -> Any:
@@ -536,7 +545,12 @@ class RendezvousHandler(ABC):
             assert self.thread_runner is not None
             store = ThreadedStore(store, self.thread_runner)
         return RendezvousInfo(
-            store, info.rank, info.world_size, info.bootstrap_store_info, info.round
+            store,
+            info.rank,
+            info.world_size,
+            info.bootstrap_store_info,
+            getattr(info, "round", 0),  # torch's own RendezvousInfo has neither
+            getattr(info, "assignment", None),
         )
 
     async def watch_async(self) -> str:
@@ -562,6 +576,17 @@ class RendezvousHandler(ABC):
             if await self.num_nodes_waiting_async() > 0:
                 return "nodes_waiting"
             await clock.sleep(self._watch_interval)
+
+    def set_member_info(self, role: str, local_world_size: int) -> None:
+        """What the agent will run as a member: its role and local world size.
+
+        Called by the agent before each :meth:`next_rendezvous_async`.  A handler that
+        can compute the round's rank assignment (the dynamic rendezvous: its decider
+        reads every joiner anyway) publishes them when it joins and returns each member's
+        block in :attr:`RendezvousInfo.assignment`; this default ignores them, and the
+        agent then exchanges ranks through the round's store as torch does.
+        """
+        return  # nothing to publish: the agent runs torch's exchange
 
     async def watch_members_async(self) -> str:
         """Wait until a member of the current round is lost or the round ends; return why.
@@ -610,6 +635,7 @@ class RendezvousHandler(ABC):
             info.world_size,
             info.bootstrap_store_info,
             info.round,
+            info.assignment,
         )
 
     def is_closed(self) -> bool:

@@ -13,7 +13,10 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
 * ``r<r>/m/<node>`` (leased) and ``r<r>/count`` — joining round ``r`` is one ``set`` and
   one ``add`` (the arrival index ``n``; with ``min_nodes < max_nodes`` the add comes
   first and the ``m/`` value is ``n``, so an arrival past ``min_nodes`` can count the
-  live joiners before it with one read).
+  live joiners before it with one read).  A joiner whose agent gave its member info
+  (:meth:`DynamicRendezvousHandler.set_member_info`) writes JSON ``[n, role,
+  local_world_size]`` instead (``n`` = 0 without a last call, where the key is written
+  before the count and nobody reads it), for the decider's rank blocks.
 * ``state/r<r>/lc`` — round ``r``'s last call, running: set by the arrival that brings
   the live joiners to ``min_nodes``, on a lease of ``last_call_timeout`` that nobody
   renews, so the deadline is the round's (torch's ``state.deadline``) and the store ends
@@ -34,6 +37,19 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
   members only, and records in it (``"clean"``) the store's revision after those
   deletes: the members watch the round from there, with no read first.  The winner of
   the result deletes round ``r - 1``'s result (read by round ``r``'s decider only).
+  When every member's ``m/`` value (read with its key, in the same snapshot) carries
+  its role and local world size, the result also holds ``"ranks"``: each member's
+  ``[base_global, world, base_role, role_world]`` in rank order, by torch's rules
+  (:func:`~elastic.rendezvous.assignment.rank_blocks`, what the agents' store exchange
+  computes), run-length encoded (:func:`~elastic.rendezvous.assignment.rank_runs`: one
+  ``[count, lws, base_global, world, base_role, role_world]`` per run of members of the
+  same role and local world size, so a uniform job's is O(1), not O(N) bytes more in
+  a value every member reads), and each member's :attr:`RendezvousInfo.assignment` is
+  its block: the
+  agent starts its workers without torch's rank exchange (a ``set`` and a ``get`` per
+  agent, an O(N) ``multi_get`` and ``multi_set`` on rank 0, and a task raced against
+  the member watch, at every restart).  One joiner without member info (another
+  version, a test driving the handler): no ``"ranks"``, every member exchanges.
 * ``r<r>/ev/<node>`` (leased) — a late arrival on the wait list; ``x/r<r>/<node>``
   (leased) — on the redundancy list.
 * ``r<r>/m/`` itself (the members' prefix, no node: node ids are never empty) — the end
@@ -48,7 +64,9 @@ Invariants (each O(1) per node per round; the decider's reads are O(N), once)
   round's own keys ``state/r<r>/`` (O(1)),
   ``set`` + ``add`` to join, one watch of the ``state`` prefix and one read of
   ``state/r<r>/`` for the result, one watch of the round and one read when it wakes —
-  plus rank 0's address.  The O(N) result is read once, from ``state/r<r>/`` only.
+  plus rank 0's address — and none for its ranks when the round carries them (two
+  more, and rank 0's O(N) pair, when the agent must exchange them).  The O(N) result
+  is read once, from ``state/r<r>/`` only.
 * A joiner waits on the ``state`` key's prefix (state, result, lc, dec): O(1) keys, and
   it changes O(1) times a round (the state moves on only once the round has a result,
   and the previous round's result goes only after this one's).  At the last call's end
@@ -77,8 +95,9 @@ and fails on any difference.
 
 A round may be decided with a member that has just died: its leased keys outlive it by
 the lease's time-to-live.  So while a member exchanges the round's master address (and
-while the agent exchanges ranks, :meth:`DynamicRendezvousHandler.watch_members_async`),
-it also watches the members as above: when a member's lease expires, the round ends
+while an agent whose round carries no ranks exchanges them,
+:meth:`DynamicRendezvousHandler.watch_members_async`), it also watches the members as
+above: when a member's lease expires, the round ends
 (``peer_lost``) and the survivors join the next one, instead of waiting for the dead
 member's address until their join timeout.
 
@@ -101,6 +120,7 @@ Two ways to build the handler
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import json
@@ -133,6 +153,7 @@ from elastic.rendezvous.api import (
     SyncRunner,
     SyncStore,
 )
+from elastic.rendezvous.assignment import AgentAssignment, rank_runs
 from elastic.rendezvous.prefix_store import PrefixStore
 from elastic.store import Lease, Store
 
@@ -315,28 +336,126 @@ class _Corrupt(Exception):
 # O(N^2) on one CPU.  bytes cache their hash, so this cache makes the repeat reads O(1);
 # the value is still checked in full, once.
 class _Members(tuple[str, ...]):
-    """Node ids in rank order, with an O(1) rank lookup (``in`` uses it too), and the
-    revision from which the members watch the round (``clean``; None: not recorded)."""
+    """Node ids in rank order, with an O(1) rank lookup (``in`` uses it too), the
+    revision from which the members watch the round (``clean``; None: not recorded), and
+    the members' rank blocks as runs (``runs``, the result's ``ranks``: see
+    :func:`~elastic.rendezvous.assignment.rank_runs`; None: the round carries none, the
+    agents exchange them)."""
 
     rank: dict[str, int]
     clean: int | None
+    runs: list[list[int]] | None
+    starts: list[int]  # the first member's rank of each run
 
-    def __new__(cls, ids: list[str], clean: int | None = None) -> _Members:
+    def __new__(
+        cls, ids: list[str], clean: int | None = None, runs: list[list[int]] | None = None
+    ) -> _Members:
         self = super().__new__(cls, ids)
         self.rank = {m: i for i, m in enumerate(self)}
         self.clean = clean
+        self.runs = runs
+        self.starts = []
+        first = 0
+        for run in runs or ():
+            self.starts.append(first)
+            first += run[0]
         return self
+
+    def assignment(self, rank: int) -> AgentAssignment | None:
+        """Member ``rank``'s assignment, if the round carries them (from its run)."""
+        if self.runs is None:
+            return None
+        j = bisect.bisect_right(self.starts, rank) - 1
+        _, lws, bg, world, br, rw = self.runs[j]
+        k = rank - self.starts[j]
+        return AgentAssignment(bg + k * lws, world, br + k * lws, rw)
 
     def __contains__(self, node: object) -> bool:
         return node in self.rank
 
 
+# Performance: every arrival past ``min_nodes`` reads the index of every joiner before
+# it (O(N) each, O(N^2) a round: bench_rendezvous's 4,000 nodes make 6 million calls).
+# In the simulator they are the same bytes objects (the in-memory store's values, whose
+# hash is cached), so a cache answers faster than int() would parse; bounded, it holds
+# ~1 MiB at most, and past 8,192 joiners a round it only misses.
+@functools.lru_cache(maxsize=8192)
 def _index(raw: bytes) -> int:
-    """A joiner's arrival index (its ``m/`` value); unreadable counts as first."""
+    """A joiner's arrival index (its ``m/`` value: ``n`` or ``[n,role,lws]``, whose
+    number is cut out without decoding the JSON); unreadable counts as first (the
+    decider, which reads the value in full, rejects it)."""
+    if raw[:1] == b"[":
+        raw = raw[1 : raw.find(b",")]
     try:
         return int(raw)
     except ValueError:
         return 0
+
+
+#: a joiner's ``m/`` value is tiny (an index, a role name, a count)
+MAX_JOINER_BYTES = 1024
+
+
+def _parse_joiner(raw: bytes) -> tuple[str, int] | None:
+    """A joiner's role and local world size from its ``m/`` value, or ``None`` if it
+    published none (``b""`` or a bare arrival index: its agent gave no member info)."""
+    if not raw or raw.isdigit():
+        return None
+    if len(raw) > MAX_JOINER_BYTES:
+        raise _Corrupt(f"{len(raw)} bytes exceeds the {MAX_JOINER_BYTES}-byte limit")
+    try:
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        raise _Corrupt(f"not JSON ({raw[:40]!r})") from None
+    if (
+        not isinstance(obj, list)
+        or len(obj) != 3
+        or type(obj[0]) is not int
+        or obj[0] < 0
+        or not isinstance(obj[1], str)
+        or not obj[1]
+        or type(obj[2]) is not int
+        or obj[2] <= 0
+    ):
+        raise _Corrupt(
+            "expected [arrival index >= 0, role (non-empty string), local world size > 0], "
+            f"got {raw[:80]!r}"
+        )
+    return obj[1], obj[2]
+
+
+def _check_ranks(runs: Any, size: int) -> list[list[int]]:
+    """The result's ``ranks`` field (:func:`~elastic.rendezvous.assignment.rank_runs`):
+    runs ``[count, lws, base_global, world, base_role, role_world]`` covering ``size``
+    members, their global blocks contiguous from 0 to the world size, each role block
+    inside its role's world."""
+    if not isinstance(runs, list) or not runs:
+        raise _Corrupt("field 'ranks' must be a non-empty list of rank runs")
+    world = runs[0][3] if isinstance(runs[0], list) and len(runs[0]) == 6 else None
+    members = next_global = 0
+    for run in runs:
+        if (
+            not isinstance(run, list)
+            or len(run) != 6
+            or not all(type(x) is int for x in run)
+            or run[0] < 1
+            or run[1] < 1
+            or run[2] != next_global
+            or run[3] != world
+            or not 0 <= run[4] <= run[4] + run[0] * run[1] <= run[5] <= run[3]
+        ):
+            raise _Corrupt(
+                "field 'ranks' must hold runs [count, lws, base_global, world, base_role, "
+                f"role_world], contiguous and inside their worlds, got {str(run)[:80]}"
+            )
+        members += run[0]
+        next_global += run[0] * run[1]
+    if members != size or next_global != world:
+        raise _Corrupt(
+            f"field 'ranks' covers {members} members and {next_global} ranks, expected "
+            f"{size} members and the world size {world}"
+        )
+    return runs
 
 
 # a round's members are read by every member of it, once: the current round's and the
@@ -359,7 +478,10 @@ def _parse_result(raw: bytes, max_nodes: int) -> _Members | None:
     clean = obj.get("clean")
     if clean is not None and (not isinstance(clean, int) or isinstance(clean, bool) or clean < 0):
         raise _Corrupt(f"field 'clean' must be a non-negative int, got {clean!r}")
-    return _Members(members, clean)
+    runs = obj.get("ranks")
+    if runs is not None:
+        runs = _check_ranks(runs, len(members))
+    return _Members(members, clean, runs)
 
 
 # Performance: every node reads the same few state values (the same bytes objects from
@@ -457,6 +579,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._member_state: bytes | None = None
         # the state this node's compare_set just ended a round with (used at once)
         self._known_state: bytes | None = None
+        # what follows the arrival index in this joiner's ``m/`` value: ``,role,lws]``
+        # (set_member_info); None: its value is the bare index, and no round it joins
+        # carries ranks
+        self._member_tail: bytes | None = None
 
     @classmethod
     def from_backend(
@@ -562,6 +688,21 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def get_backend(self) -> str:
         return self._backend_name
+
+    def set_member_info(self, role: str, local_world_size: int) -> None:
+        """Publish ``role`` and ``local_world_size`` with each join from now on, so that
+        the round's decider writes every member's rank block in the result (module doc)
+        and :attr:`RendezvousInfo.assignment` carries this member's."""
+        if not isinstance(role, str) or not role:
+            raise ValueError(f"The role {role!r} must be a non-empty string.")
+        if type(local_world_size) is not int or local_world_size <= 0:
+            raise ValueError(
+                f"The local world size ({local_world_size!r}) must be a positive integer."
+            )
+        tail = "," + json.dumps([role, local_world_size], separators=(",", ":"))[1:]
+        if len(tail) + 20 > MAX_JOINER_BYTES:
+            raise ValueError(f"The role {role[:40]!r}... is too long for the rendezvous.")
+        self._member_tail = tail.encode()
 
     def get_run_id(self) -> str:
         return self._settings.run_id
@@ -831,9 +972,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     my_call = await self._arm_last_call(r, token)
                     seen = True
             # the value is the arrival index: who came before whom, for the last call
-            await store.set(mprefix + self._node, str(n).encode(), lease=self._lease)
+            await store.set(mprefix + self._node, self._joiner_value(n), lease=self._lease)
         else:  # no last call: the max_nodes-th arrival decides
-            await store.set(mprefix + self._node, b"", lease=self._lease)
+            await store.set(mprefix + self._node, self._joiner_value(None), lease=self._lease)
             n = await store.add(self._rk(r, "count"), 1)
             direct = n == core.max_nodes
             if n > core.max_nodes:
@@ -904,13 +1045,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 holder = True
             rev, live = await store.snapshot(mprefix)
             ids = [k[len(mprefix) :] for k in live if k != mprefix]
-            del live
             previous: tuple[str, ...] = ()
             if len(ids) >= core.max_nodes:
                 # the previous members matter only to a full round (admitted first)
                 previous = await self._previous_members(r)
             pending = await self._pending(r, ids, previous)
             chosen = choose_members(ids, previous, core, last_call_passed=passed, pending=pending)
+            # the members' rank blocks, from the values read with their keys (module doc)
+            ranks = None if chosen is None else self._rank_runs(mprefix, live, chosen)
+            del live  # Performance: no N-key dict kept alive across the waits below
             if chosen is not None:
                 # After the decision r<r>/m/ holds the members' keys only (module doc)
                 left_out = sorted(set(ids).difference(chosen))
@@ -918,9 +1061,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     await self._delete_all([mprefix + node for node in left_out])
                     # the members watch from after these deletes
                     rev, _ = await store.snapshot(self._rk(r, "ev/"))
-                mine = _dump(
-                    {"version": _VERSION, "round": r, "members": list(chosen), "clean": rev}
-                )
+                decided: dict[str, Any] = {
+                    "version": _VERSION,
+                    "round": r,
+                    "members": list(chosen),
+                    "clean": rev,
+                }
+                if ranks is not None:
+                    decided["ranks"] = ranks
+                mine = _dump(decided)
                 # First writer wins; a racing decider adopts the winner's result.
                 won = await store.compare_set(result_key, None, mine)
                 if holder:
@@ -940,6 +1089,37 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # expire, a new last call to end, or the round to end.
             with contextlib.suppress(TimeoutError):  # the join timeout: the loop raises it
                 await store.watch(self._c, rev, max(0.0, deadline - clock.now()))
+
+    def _joiner_value(self, n: int | None) -> bytes:
+        """This joiner's ``m/`` value: its arrival index ``n`` (``None``: not known
+        when the key is written, without a last call), with its member info if it has
+        some: ``[n,role,lws]`` (n = 0 when unknown)."""
+        tail = self._member_tail
+        if tail is None:
+            return b"" if n is None else str(n).encode()
+        return b"[" + str(n or 0).encode() + tail
+
+    def _rank_runs(
+        self, mprefix: str, live: dict[str, bytes], chosen: tuple[str, ...] | list[str]
+    ) -> list[list[int]] | None:
+        """The chosen members' rank blocks in rank order, from the joiners' ``m/`` values
+        (``live``), as runs (:func:`rank_runs`); ``None`` if one of them published no
+        member info."""
+        seen: dict[bytes, tuple[str, int] | None] = {}  # most values are equal: parse once
+        infos: list[tuple[str, int]] = []
+        for node in chosen:
+            raw = live[mprefix + node]
+            if raw in seen:
+                info = seen[raw]
+            else:
+                try:
+                    info = seen[raw] = _parse_joiner(raw)
+                except _Corrupt as e:
+                    raise _corrupt(mprefix + node, str(e)) from None
+            if info is None:
+                return None
+            infos.append(info)
+        return rank_runs(infos)
 
     async def _delete_all(self, keys: list[str]) -> None:
         """Delete ``keys`` at once: one round trip's time for all of them, not one each
@@ -1022,6 +1202,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 len(members),
                 await RendezvousStoreInfo.build_async(rank, store, self._addr, port, 0.0),
                 round=r,
+                assignment=members.assignment(rank),
             )
         except TimeoutError:
             pass
@@ -1068,7 +1249,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             )
             return None
         info: RendezvousStoreInfo = value
-        return RendezvousInfo(store, rank, len(members), info, round=r)
+        return RendezvousInfo(
+            store, rank, len(members), info, round=r, assignment=members.assignment(rank)
+        )
 
     async def _park(self, r: int, members: tuple[str, ...], deadline: float) -> float:
         """Wait, on the wait or redundancy list of complete round ``r``, for it to end."""

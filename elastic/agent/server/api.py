@@ -6,9 +6,11 @@ Theory of operation
 -------------------
 ``SimpleElasticAgent.run_async()`` is torch's ``_invoke_run`` made event-driven:
 
-1. rendezvous (``spec.rdzv_handler.next_rendezvous_async``) → assign ranks through the
-   round's store (:func:`elastic.agent.ranks.exchange_ranks_in_round`) → start workers through
-   the workers port;
+1. rendezvous (``spec.rdzv_handler.next_rendezvous_async``, told the agent's role and
+   local world size first) → ranks: carried by the round (``info.assignment``: the
+   dynamic rendezvous computes them when it decides the round), else exchanged through
+   the round's store (:func:`elastic.agent.ranks.exchange_ranks_in_round`) → start workers
+   through the workers port;
 2. wait for the **first** of: the group's exits until they settle it (a failure, or
    every worker exited), a membership change (``rdzv_handler.watch_async()``), or a
    health verdict (each configured :class:`HealthWatch`).  Nothing is sampled: each is
@@ -38,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from elastic.agent.ranks import exchange_ranks_in_round
+from elastic.agent.ranks import AgentAssignment, exchange_ranks_in_round
 from elastic.agent.server._decide import (
     Decision,
     GroupAction,
@@ -671,6 +673,11 @@ class SimpleElasticAgent(ElasticAgent):
     async def _rendezvous(self, wg: WorkerGroup) -> None:
         spec = wg.spec
         clock = self.clock
+        # what this node publishes when it joins, so that a handler that can (the dynamic
+        # rendezvous) returns its ranks with the round; torch's own handlers lack it
+        member_info = getattr(spec.rdzv_handler, "set_member_info", None)
+        if member_info is not None:
+            member_info(spec.role, spec.local_world_size)
         while True:
             t0 = clock.now()
             info: RendezvousInfo = await spec.rdzv_handler.next_rendezvous_async()
@@ -684,12 +691,20 @@ class SimpleElasticAgent(ElasticAgent):
                 group_world_size=info.world_size,
             )
             t1 = clock.now()
-            # The round's membership watch starts now: it guards the rank exchange (a
-            # member whose lease expires meanwhile ends the round, so nobody waits for a
-            # dead member's role info) and is then the watch of the running group.
+            # The round's membership watch starts now: it guards the rank exchange, if
+            # any (a member whose lease expires meanwhile ends the round, so nobody waits
+            # for a dead member's role info) and is then the watch of the running group.
             watch = clock.spawn(spec.rdzv_handler.watch_async(), name="membership-watch")
+            carried = getattr(info, "assignment", None)
+            if isinstance(carried, AgentAssignment):
+                # the round's result carries the ranks (its decider computed them from
+                # every member's role and local world size): no store exchange
+                assignment = carried
+                self._drop_membership_watch()
+                self._membership_watch = watch
+                break
             try:
-                assignment = await exchange_ranks_in_round(
+                got = await exchange_ranks_in_round(
                     clock,
                     spec.rdzv_handler,
                     info,
@@ -705,10 +720,11 @@ class SimpleElasticAgent(ElasticAgent):
                 # a peer of this round vanished before the exchange finished: next round
                 self._rejoin(wg, Outcome.timeout())
                 continue
-            if isinstance(assignment, str):
+            if isinstance(got, str):
                 watch.cancel()
-                self._rejoin(wg, Outcome.membership(assignment))
+                self._rejoin(wg, Outcome.membership(got))
                 continue
+            assignment = got
             self._drop_membership_watch()
             self._membership_watch = watch
             break
