@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from elastic._records import Frozen, set_fields
-from elastic.errors import ConfigError
+from elastic.cliparse import plain
+from elastic.errors import ConfigError, one_line
 from elastic.ids import uuid4_str
 from elastic.rendezvous.conf import check_rdzv_conf
 from elastic.rendezvous.utils import parse_rendezvous_config, parse_rendezvous_endpoint
@@ -221,7 +222,7 @@ class _CheckEnv(argparse.Action):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, not argparse's usage block: the flag and what was wrong.
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(plain(message))} (see {self.prog} --help)\n")
 
 
 def _comma_separated_list(value: str) -> list[str]:

@@ -93,3 +93,54 @@ def test_argparse_messages_become_flag_value_expected() -> None:
         "--output: expected one argument"
     )
     assert plain("unrecognized arguments: --x") == "unrecognized arguments: --x"
+
+
+def test_argparse_choices_become_flag_value_expected() -> None:
+    assert plain(
+        "argument --start-method/--start_method: invalid choice: 'zap' "
+        "(choose from 'spawn', 'fork', 'forkserver')"
+    ) == "--start-method: got 'zap'; expected one of 'spawn', 'fork', 'forkserver'"
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--max-restarts", "abc"], ["--max-restarts: got 'abc'; expected an integer"]),
+        (["--monitor-interval", "x"], ["--monitor-interval: got 'x'; expected a number"]),
+        (["--start-method", "zap"], ["--start-method: got 'zap'; expected one of 'spawn'"]),
+        (["--node-rank", "1.5"], ["--node-rank: got '1.5'; expected an integer"]),
+    ],
+)
+def test_elastic_run_answers_a_bad_flag_value_in_one_line(
+    argv: list[str], named: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(["run", *argv, "--no-python", "true"], capsys)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith("elastic run: error: "), line
+    for text in named:
+        assert text in line, (text, line)
+    assert "invalid" not in line and "usage:" not in err
+
+
+def test_elastic_run_names_the_known_backends_for_an_unknown_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _out, err = _run(["run", "--rdzv-backend", "nope", "--no-python", "true"], capsys)
+    assert code == 2
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("elastic run: error: --rdzv-backend: got 'nope'; expected one of")
+    assert "c10d" in line and "static" in line
+
+
+def test_elastic_run_names_a_bad_rendezvous_setting_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _out, err = _run(
+        ["run", "--standalone", "--rdzv-conf", "last_call_timeout=abc", "--no-python", "true"],
+        capsys,
+    )
+    assert code == 2
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("elastic run: error: --rdzv-conf: "), line
+    assert "--rdzv-backend" not in line and "last_call_timeout" in line

@@ -351,8 +351,19 @@ def _rendezvous_handler(
     )
     try:
         return get_rendezvous_handler(params, ctx)
+    except ConfigError:
+        raise  # it names its flag (a bad --rdzv-conf value the handler read) already
     except ValueError as e:
-        raise ConfigError("--rdzv-backend", str(e)) from None
+        from elastic.rendezvous.registry import rendezvous_handler_registry
+
+        known = sorted(rendezvous_handler_registry._registry)
+        if params.backend in known:
+            raise ConfigError("--rdzv-backend", f"{params.backend}: {e}") from None
+        raise ConfigError(
+            "--rdzv-backend",
+            f"got {params.backend!r}; expected one of {', '.join(known)} (or a backend an "
+            "installed package registers)",
+        ) from None
 
 
 def _worker_spec(
