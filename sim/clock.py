@@ -457,6 +457,16 @@ class _Env:
         self._ids = count()
         # (time, priority) -> the batch of its pending queue entry, open for joining
         self._open: dict[tuple[float, int], list[Event | _Kick]] = {}
+        # Performance: the same for NORMAL, the priority of nearly every event (no tuple
+        # made and hashed per schedule and per sleep)
+        self._open_normal: dict[float, list[Any]] = {}
+        # The urgent entries due now (a task's start, a cancellation), in order, outside
+        # the heap: they all come before any other entry (an urgent one is scheduled
+        # only with no delay, so at the current instant, after every urgent entry of the
+        # heap at that instant has run, see step()), and "is one pending?", asked after
+        # every event and every sleeper resumed, is a truth test, not a look at the heap
+        self._urgent: deque[list[Any]] = deque()
+        self._urgent_open: list[Any] | None = None  # the last of them, open for joining
         self.aside = 0  # queue entries that are not the run's own (progress ticks, stops)
 
     @property
@@ -477,6 +487,8 @@ class _Env:
 
     def peek(self) -> float:
         """The time of the next queue entry (infinity if there is none)."""
+        if self._urgent:
+            return self.now
         return self._entries[0][0] if self._entries else float("inf")
 
     def run(self, until: float | Event | None = None) -> Any:
@@ -508,6 +520,24 @@ class _Env:
     def schedule(
         self, event: Event | _Kick, priority: EventPriority = NORMAL, delay: float = 0
     ) -> None:
+        if priority == NORMAL:
+            t = self.now + delay
+            batch = self._open_normal.get(t)
+            if batch is not None:
+                batch.append(event)
+                return
+            batch = self._open_normal[t] = [event]
+            heappush(self._entries, (t, NORMAL, next(self._ids), batch))
+            return
+        if priority == URGENT and not delay:
+            batch = self._urgent_open
+            if batch is not None:
+                batch.append(event)
+                return
+            self._urgent_open = batch = [event]
+            self._urgent.append(batch)
+            next(self._ids)  # an entry of the queue all the same (events())
+            return
         t = self.now + delay
         key = (t, priority)
         batch = self._open.get(key)
@@ -534,7 +564,7 @@ class _Env:
 
     def wake_after(self, delay: float) -> _Wake:
         """The event that fires ``delay`` from now, shared with other sleeps to that time."""
-        batch = self._open.get((self.now + delay, NORMAL))
+        batch = self._open_normal.get(self.now + delay)
         if batch is not None:
             last = batch[-1]
             if type(last) is _Wake:
@@ -543,12 +573,24 @@ class _Env:
 
     def _stopped(self, now: float, prio: int, eid: int, rest: list[Event]) -> None:
         if rest:
-            heappush(self._entries, (now, prio, eid, rest))
+            if prio == URGENT:
+                self._urgent.appendleft(rest)  # still the first of the urgent entries
+            else:
+                heappush(self._entries, (now, prio, eid, rest))
 
     def step(self) -> None:
-        queue = self._entries
+        urgent = self._urgent
+        if urgent:
+            # the heap holds no urgent entry for now: one scheduled with no delay is here,
+            # and the heap's entries at this instant with a priority < NORMAL (the end of
+            # run(until=<time>)) were ahead of anything that could have scheduled one
+            batch = urgent.popleft()
+            if batch is self._urgent_open:
+                self._urgent_open = None
+            self._run(self.now, URGENT, 0, batch)
+            return
         try:
-            now, prio, eid, batch = heappop(queue)
+            now, prio, eid, batch = heappop(self._entries)
         except IndexError:
             raise EmptySchedule from None
         self.now = now
@@ -556,15 +598,28 @@ class _Env:
             for fn in batch:
                 fn()
             return
-        open_ = self._open
-        key = (now, prio)
-        if open_.get(key) is batch:
-            del open_[key]
+        if prio == NORMAL:
+            open_normal = self._open_normal
+            if open_normal.get(now) is batch:
+                del open_normal[now]
+        else:
+            open_ = self._open
+            key = (now, prio)
+            if open_.get(key) is batch:
+                del open_[key]
+        self._run(now, prio, eid, batch)
+
+    def _run(self, now: float, prio: int, eid: int, batch: list[Any]) -> None:
+        """Process the events of one queue entry, in order."""
+        # what an event's callbacks schedule urgently runs before the next event of a
+        # batch (before the next sleeper of a wake-up), as it would have run before that
+        # event's own queue entry; a batch of urgent events is not interrupted (what its
+        # events schedule urgently comes after the batch, as it would have in simpy's
+        # order), nor one of priority < URGENT (none is made but when the run stops)
+        urgent = self._urgent if prio > URGENT else ()
         for i, event in enumerate(batch):
             if i:
-                # what the previous event's callbacks scheduled at a higher priority runs
-                # first, as it would have run before this event's own queue entry
-                while queue and queue[0][1] < prio and queue[0][0] == now:
+                while urgent:
                     self.step()
             if type(event) is _Wake:
                 callbacks: deque[Any] = event.callbacks  # type: ignore[assignment]
@@ -574,7 +629,7 @@ class _Env:
                     except StopSimulation:
                         self._stopped(now, prio, eid, batch[i:] if callbacks else batch[i + 1 :])
                         raise
-                    while queue and queue[0][1] < prio and queue[0][0] == now:
+                    while urgent:
                         self.step()
                 event.callbacks = None  # type: ignore[assignment]
                 continue  # a wake-up never fails
@@ -584,10 +639,12 @@ class _Env:
                     callback(event)
                 except StopSimulation:
                     # as simpy: the event's remaining callbacks run first when the
-                    # simulation resumes, then the rest of the batch
+                    # simulation resumes (simpy schedules it again, with priority -1:
+                    # before anything else at this instant), then the rest of the batch
                     event.callbacks = cbs[j + 1 :]
-                    self.schedule(event, EventPriority(-1))
                     self._stopped(now, prio, eid, batch[i + 1 :])
+                    self._urgent.appendleft([event])
+                    next(self._ids)
                     raise
             if not event.ok and not event.defused:
                 # The event failed and nobody defused it: crash the run, as simpy does.
