@@ -21,7 +21,9 @@ waits, so agent code sees the same exception type in both worlds and no simpy
 ``first()`` and ``timeout()`` wait on an :class:`_AnyOf`, simpy's ``AnyOf`` without its
 value.  A timeout is a race between the guarded task and a deadline; the loser is
 cancelled and awaited, so its ``finally`` has run before :class:`TimeoutError` is raised
-— as ``asyncio.timeout`` does.
+— as ``asyncio.timeout`` does.  A timeout on a one-shot's ``wait()`` (the store's waits
+with a deadline) makes the same queue entries with one object, :class:`_TimedWait`,
+standing for the task and the any-of.
 
 Shared wake-ups
 ---------------
@@ -117,6 +119,10 @@ def _waiting_for(ev: Event) -> Generator[Event, Any, Any]:
     """A coroutine that waits for ``ev`` (one generator: no coroutine frame of its own
     around the wait); on the clock's own environment only, as :class:`_Awaitable`."""
     return (yield ev)
+
+
+#: the code of a one-shot's wait (what timeout() recognises, see _TimedWait)
+_WAITING_FOR = _waiting_for.__code__
 
 
 class _Outcome(enum.Enum):
@@ -369,6 +375,110 @@ class _AnyOf(_Awaitable, Event):
     def _remove(self, _ev: Event) -> None:
         for event in self.events:
             callbacks = event.callbacks
+            if callbacks:
+                try:  # noqa: SIM105  (one scan of the list, no context manager)
+                    callbacks.remove(self)
+                except ValueError:
+                    pass
+
+
+class _Ended:
+    """The end of a :class:`_TimedWait`'s wait for its event, standing for the task that
+    ``timeout()`` would spawn to wait for it: scheduled (NORMAL) when that task would
+    have ended, and awaited by the waiter when the task would have been."""
+
+    __slots__ = ("callbacks",)
+    ok = True
+    defused = False
+    value = None
+
+    def __init__(self, first: Callable[[Any], None]) -> None:
+        self.callbacks: list[Callable[[Any], None]] | None = [first]
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return (yield self)
+
+
+class _TimedWait:
+    """``timeout(seconds, one_shot.wait())`` on the clock's own environment, without the
+    task and the :class:`_AnyOf` it costs in general (the store's waits for a key or a
+    revision with a deadline: about one per node restart).
+
+    It makes the same queue entries at the same moments as the general path, so the
+    run's order is the same (tests/test_sim_clock_wake.py): the task's urgent start
+    (which puts the wait into the event's callbacks), its end (:class:`_Ended`,
+    scheduled when the event fires or the wait is cancelled, through an urgent entry),
+    and this object, the any-of, scheduled when the first of the end and the deadline
+    comes.  What it saves: the task, its coroutine and its resumes, the any-of's simpy
+    event and the condition's bookkeeping."""
+
+    __slots__ = (
+        "_deadline",
+        "_end",
+        "_env",
+        "_ev",
+        "_outcome",
+        "_result",
+        "_triggered",
+        "callbacks",
+    )
+    ok = True
+    defused = False
+    value = None
+
+    def __init__(self, env: _Env, ev: _OwnEvent, seconds: float) -> None:
+        self._env = env
+        self._ev = ev
+        self._outcome = _Outcome.RUNNING  # the stand-in task's
+        self._result: Any = None
+        self._triggered = False  # the any-of's
+        # the task's start, then the deadline, then the any-of in both (as _AnyOf)
+        env.schedule(_Kick(self._start), URGENT)
+        self._end = _Ended(self)
+        self._deadline = deadline = env.wake_after(seconds if seconds > 0 else 0.0)
+        deadline.callbacks.append(self)
+        self.callbacks: list[Callable[[Any], None]] | None = [self._fired]
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return (yield self)
+
+    # the stand-in task
+    def _start(self, _kick: Any) -> None:
+        callbacks = self._ev.callbacks
+        if callbacks is None:  # fired and processed already: the task ends at once
+            self._finish(_Outcome.RETURNED, self._ev.value)
+        else:
+            callbacks.append(self._got)
+
+    def _got(self, ev: Event) -> None:
+        self._finish(_Outcome.RETURNED, ev.value)
+
+    def _finish(self, outcome: _Outcome, result: Any) -> None:
+        self._outcome = outcome
+        self._result = result
+        self._env.schedule(self._end)  # type: ignore[arg-type]
+
+    def cancel(self) -> None:
+        """Cancel the stand-in task (nothing if it has ended), as _Task.cancel."""
+        if self._outcome is _Outcome.RUNNING:
+            self._env.schedule(_Kick(self._interrupted), URGENT)
+
+    def _interrupted(self, _kick: Any) -> None:
+        if self._outcome is not _Outcome.RUNNING:
+            return
+        self._ev.callbacks.remove(self._got)
+        self._finish(_Outcome.CANCELLED, None)
+
+    # the any-of
+    def __call__(self, _event: Any) -> None:
+        """The end or the deadline came: the any-of fires, once (as _AnyOf)."""
+        if not self._triggered:
+            self._triggered = True
+            self._env.schedule(self)  # type: ignore[arg-type]
+
+    def _fired(self, _self: Any) -> None:
+        """The any-of is processed: out of the other's callbacks (as _AnyOf._remove)."""
+        for callbacks in (self._end.callbacks, self._deadline.callbacks):
             if callbacks:
                 try:  # noqa: SIM105  (one scan of the list, no context manager)
                     callbacks.remove(self)
@@ -767,6 +877,31 @@ class SimClock:
         raise AssertionError("AnyOf fired with nothing done")  # pragma: no cover
 
     async def timeout(self, seconds: float, coro: Coroutine[Any, Any, T]) -> T:
+        gen: Any = coro  # a one-shot's wait is a generator (see _SimOneShot.wait)
+        if (
+            self._own
+            and type(gen) is types.GeneratorType
+            and gen.gi_code is _WAITING_FOR
+            and (frame := gen.gi_frame) is not None
+            and type(one := frame.f_locals["ev"]) is _OwnEvent
+        ):
+            # Performance: a one-shot's wait (the store's waits with a deadline), in the
+            # same queue entries as below with fewer objects (see _TimedWait)
+            coro.close()
+            wait = _TimedWait(cast(_Env, self.env), one, seconds)
+            try:
+                await wait
+            except Cancelled:
+                wait.cancel()
+                raise
+            if wait._outcome is _Outcome.RETURNED:
+                return cast(T, wait._result)
+            wait.cancel()
+            await wait._end
+            # fired in the same instant (the await changed the outcome: mypy cannot know)
+            if wait._outcome is _Outcome.RETURNED:  # type: ignore[comparison-overlap]
+                return cast(T, wait._result)
+            raise TimeoutError(f"timed out after {seconds:g}s")
         task: _Task[T] | _SimTask[T] = self._task(self, coro, "timeout")
         ev = self.event_of(task)
         deadline = self._wake_after(max(0.0, seconds))

@@ -43,6 +43,9 @@ def _program(clock: SimClock, seed: int) -> list[tuple[float, str]]:
     tasks: list[Task[None]] = []
     ev = clock.event()
     delays = [0.0, 0.5, 1.0, 1.5]
+    # one-shots waited for with a deadline (timeout() of a one-shot's wait has a path of
+    # its own on the clock's own environment), set by other tasks, some never
+    shots = [clock.event() for _ in range(4)]
 
     async def worker(name: str, depth: int) -> None:
         try:
@@ -57,8 +60,20 @@ def _program(clock: SimClock, seed: int) -> list[tuple[float, str]]:
                     if not victim.done():
                         with contextlib.suppress(RuntimeError):  # itself
                             victim.cancel()
-                elif choice < 0.8:
+                elif choice < 0.75:
                     ev.set(name)
+                elif choice < 0.8:
+                    k = rng.randrange(len(shots))
+                    if rng.random() < 0.4:
+                        shots[k].set(f"{name}.{i}")
+                        if rng.random() < 0.5:
+                            shots[k] = clock.event()  # a fresh one for later waits
+                    else:
+                        try:
+                            got = await clock.timeout(rng.choice(delays), shots[k].wait())
+                            log.append((clock.now(), f"{name} got {got}"))
+                        except TimeoutError:
+                            log.append((clock.now(), f"{name} waited {k} in vain"))
                 elif choice < 0.9:
                     try:
                         await clock.timeout(rng.choice(delays), clock.sleep(rng.choice(delays)))
