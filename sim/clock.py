@@ -382,6 +382,52 @@ class _AnyOf(_Awaitable, Event):
                     pass
 
 
+class _Race(_Awaitable):
+    """:class:`_AnyOf` on the clock's own environment, where an event need not be simpy's
+    (:class:`_Env` reads ``callbacks``, ``ok``, ``value`` and ``defused``): the same
+    callbacks in the same places and the same entry scheduled at the same moment, without
+    a simpy event's construction, ``succeed`` and ``ok`` property (one ``first()`` per
+    node restart, in the agent's wait for its group, a membership change or a health
+    verdict)."""
+
+    __slots__ = ("_env", "_triggered", "callbacks", "defused", "events", "ok", "value")
+
+    def __init__(self, env: _Env, events: tuple[Any, ...]) -> None:
+        self._env = env
+        self.events = events
+        self.ok = True
+        self.value: Any = None
+        self.defused = False
+        self._triggered = False
+        self.callbacks: list[Callable[[Any], None]] | None = []
+        for event in events:
+            if event.callbacks is None:
+                self(event)
+            else:
+                # the object itself is the callback: removing it is an identity test
+                event.callbacks.append(self)
+        self.callbacks.append(self._remove)
+
+    def __call__(self, event: Any) -> None:
+        if self._triggered:
+            return
+        self._triggered = True
+        if not event.ok:
+            event.defused = True
+            self.ok = False
+            self.value = event.value
+        self._env.schedule(self)
+
+    def _remove(self, _ev: Any) -> None:
+        for event in self.events:
+            callbacks = event.callbacks
+            if callbacks:
+                try:  # noqa: SIM105  (one scan of the list, no context manager)
+                    callbacks.remove(self)
+                except ValueError:
+                    pass
+
+
 class _Ended:
     """The end of a :class:`_TimedWait`'s wait for its event, standing for the task that
     ``timeout()`` would spawn to wait for it: scheduled (NORMAL) when that task would
@@ -456,7 +502,7 @@ class _TimedWait:
     def _finish(self, outcome: _Outcome, result: Any) -> None:
         self._outcome = outcome
         self._result = result
-        self._env.schedule(self._end)  # type: ignore[arg-type]
+        self._env.schedule(self._end)
 
     def cancel(self) -> None:
         """Cancel the stand-in task (nothing if it has ended), as _Task.cancel."""
@@ -474,7 +520,7 @@ class _TimedWait:
         """The end or the deadline came: the any-of fires, once (as _AnyOf)."""
         if not self._triggered:
             self._triggered = True
-            self._env.schedule(self)  # type: ignore[arg-type]
+            self._env.schedule(self)
 
     def _fired(self, _self: Any) -> None:
         """The any-of is processed: out of the other's callbacks (as _AnyOf._remove)."""
@@ -510,6 +556,11 @@ class _Calls(list[Callable[[], None]]):
     ticks, the end of ``run(until=<time>)``)."""
 
     __slots__ = ()
+
+
+#: what the clock's own environment queues: simpy's events and the clock's own, which
+#: have what it reads of an event (``callbacks``, ``ok``, ``value``, ``defused``)
+_Queued = Event | _Kick | _Ended | _TimedWait | _Race
 
 
 def _stop() -> None:
@@ -566,7 +617,7 @@ class _Env:
         self._entries: list[tuple[float, int, int, list[Any]]] = []
         self._ids = count()
         # (time, priority) -> the batch of its pending queue entry, open for joining
-        self._open: dict[tuple[float, int], list[Event | _Kick]] = {}
+        self._open: dict[tuple[float, int], list[_Queued]] = {}
         # Performance: the same for NORMAL, the priority of nearly every event (no tuple
         # made and hashed per schedule and per sleep)
         self._open_normal: dict[float, list[Any]] = {}
@@ -627,9 +678,7 @@ class _Env:
                 ) from None
         return None
 
-    def schedule(
-        self, event: Event | _Kick, priority: EventPriority = NORMAL, delay: float = 0
-    ) -> None:
+    def schedule(self, event: _Queued, priority: EventPriority = NORMAL, delay: float = 0) -> None:
         if priority == NORMAL:
             t = self.now + delay
             batch = self._open_normal.get(t)
@@ -869,8 +918,11 @@ class SimClock:
         for i, w in enumerate(waitables):  # lowest index wins ties
             if self._is_done(w):
                 return i, self._value_of(w)
-        any_ = _AnyOf(self.senv, tuple(map(self.event_of, waitables)))
-        await (any_ if self._own else _Yield(any_))
+        events = tuple(map(self.event_of, waitables))
+        if self._own:
+            await _Race(cast(_Env, self.env), events)
+        else:
+            await _Yield(_AnyOf(self.senv, events))
         for i, w in enumerate(waitables):
             if self._is_done(w):
                 return i, self._value_of(w)
@@ -906,8 +958,10 @@ class SimClock:
         ev = self.event_of(task)
         deadline = self._wake_after(max(0.0, seconds))
         try:
-            any_ = _AnyOf(self.senv, (ev, deadline))
-            await (any_ if self._own else _Yield(any_))
+            if self._own:
+                await _Race(cast(_Env, self.env), (ev, deadline))
+            else:
+                await _Yield(_AnyOf(self.senv, (ev, deadline)))
         except Cancelled:
             task.cancel()
             raise

@@ -81,9 +81,18 @@ def _program(clock: SimClock, seed: int) -> list[tuple[float, str]]:
                         log.append((clock.now(), f"{name} timed out"))
                 elif choice < 0.93:
                     # first() of a sleeping task and the shared event (fired or not yet)
-                    racer = clock.spawn(clock.sleep(rng.choice(delays)), name=f"{name}.r")
-                    won, _ = await clock.first(racer, ev)
-                    log.append((clock.now(), f"{name} first {won}"))
+                    # (or of a failing task: first() raises its error)
+                    racer = clock.spawn(
+                        clock.sleep(rng.choice(delays))
+                        if rng.random() < 0.7
+                        else _fail_after(clock, rng.choice(delays)),
+                        name=f"{name}.r",
+                    )
+                    try:
+                        won, _ = await clock.first(racer, ev)
+                        log.append((clock.now(), f"{name} first {won}"))
+                    except ValueError as e:
+                        log.append((clock.now(), f"{name} first raised {e}"))
                     racer.cancel()
                 elif choice < 0.96:
                     # a failing task, joined: its error comes back through join()
