@@ -239,10 +239,8 @@ class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
     def _advance(self, event: Any) -> None:
         """Resume the coroutine with ``event``'s outcome and run it to its next wait (as
         simpy's ``Process`` does), or record how it ended."""
-        clock = self._clock
         coro = self._coro
         assert coro is not None
-        clock._current = self
         while True:
             try:
                 if type(event) is _Wake:
@@ -268,10 +266,9 @@ class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
             except Exception as e:
                 self._exc = e
                 self._outcome = _Outcome.FAILED
-                clock.unobserved.append((self.name, e))
+                self._clock.unobserved.append((self.name, e))
             except BaseException as e:
                 self._coro = self._resume_cb = None
-                clock._current = None
                 self.fail(e)  # type: ignore[arg-type]  # crashes the run, as a Process's
                 return
             else:
@@ -280,10 +277,8 @@ class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
                     continue  # already processed: its outcome goes straight back in
                 callbacks.append(self._resume_cb)
                 self._waiting = event
-                clock._current = None
                 return
             self._coro = self._resume_cb = self._waiting = None
-            clock._current = None
             self.succeed()
             return
 
@@ -294,9 +289,12 @@ class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
         self._advance(_CANCELLING)
 
     def cancel(self) -> None:
-        if self._coro is None:
+        coro: Any = self._coro
+        if coro is None:
             return
-        if self is self._clock._current:
+        # the task's coroutine is running (a coroutine awaiting another that runs is
+        # running too): the task itself asks
+        if coro.cr_running if type(coro) is types.CoroutineType else coro.gi_running:
             raise RuntimeError(f"task {self.name!r} cannot cancel itself in the simulator")
         self._clock.env.schedule(_Kick(self._interrupted), URGENT)  # type: ignore[arg-type]
 
@@ -721,14 +719,17 @@ class _Env:
         self.aside += 1  # the id this call took is no event
         return n
 
-    def wake_after(self, delay: float) -> _Wake:
-        """The event that fires ``delay`` from now, shared with other sleeps to that time."""
-        batch = self._open_normal.get(self.now + delay)
+    def wake_after(self, seconds: float) -> _Wake:
+        """The event that fires ``seconds`` from now, shared with other sleeps to that time
+        (a negative delay is none, as ``SimClock.after``)."""
+        if not seconds > 0:
+            seconds = 0.0
+        batch = self._open_normal.get(self.now + seconds)
         if batch is not None:
             last = batch[-1]
             if type(last) is _Wake:
                 return last
-        return _Wake(self, delay)
+        return _Wake(self, seconds)
 
     def _stopped(self, now: float, prio: int, eid: int, rest: list[Event]) -> None:
         if rest:
@@ -822,14 +823,16 @@ class SimClock:
         # the same object, where simpy's constructors want an Environment
         self.senv = cast(simpy.Environment, self.env)
         self.unobserved: list[tuple[str, BaseException]] = []
-        # the task whose coroutine is running (a task cannot cancel itself)
-        self._current: _Task[Any] | None = None
         # on the clock's own environment a task drives its coroutine itself; on simpy's
         # (comparisons in tests) it is a simpy Process
         self._own = type(self.env) is _Env
         self._task: type[_Task[Any]] | type[_SimTask[Any]] = _Task if self._own else _SimTask
         wake_after = getattr(self.env, "wake_after", None)
         self._wake_after = wake_after if wake_after is not None else self.env.timeout
+        if self._own:
+            # Performance: after() is the environment's wake_after itself, one call less
+            # per store round trip (the method below is for simpy's environment)
+            self.after = cast(_Env, self.env).wake_after  # type: ignore[method-assign]
 
     def every(self, period: float, fn: Callable[[float], None]) -> None:
         """Call ``fn(now)`` every ``period`` simulated seconds, after every event of the run
