@@ -208,7 +208,7 @@ class _Kick:
         self.callbacks: list[Callable[[Any], None]] | None = [call]
 
 
-class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
+class _Task(_Awaitable, _Outcomes[T], Task[T]):
     """A task on the clock's own environment: the event that fires when the task has
     finished, driving the coroutine itself.
 
@@ -219,10 +219,18 @@ class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
     it saves per task: the ``Process``, its ``Initialize`` event and the ``_drive``
     coroutine, a frame that every resume of the task passed through; per cancellation,
     simpy's ``Interrupt`` and its conversion into :data:`Cancelled`, which is thrown
-    into the coroutine directly."""
+    into the coroutine directly.  It is no simpy event either (none of simpy's code sees
+    it: :class:`_Env` and the clock's own waits read what is below), which saves a
+    simpy event's construction, ``succeed`` and ``ok`` property per task."""
+
+    # as an event: successful unless the coroutine raised a BaseException (the run
+    # crashes then, as with a Process); its value is None (the result is the task's)
+    ok = True
+    value: Any = None
+    defused = False
 
     def __init__(self, clock: SimClock, coro: Coroutine[Any, Any, T], name: str) -> None:
-        super().__init__(clock.senv)
+        self.callbacks: list[Callable[[Any], None]] | None = []
         self._clock = clock
         self.name = name
         self._coro: Coroutine[Any, Any, T] | None = coro
@@ -269,7 +277,10 @@ class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
                 self._clock.unobserved.append((self.name, e))
             except BaseException as e:
                 self._coro = self._resume_cb = None
-                self.fail(e)  # type: ignore[arg-type]  # crashes the run, as a Process's
+                # the task's event fails: that crashes the run, as a Process's
+                self.ok = False
+                self.value = e
+                self._clock.env.schedule(self)  # type: ignore[arg-type]
                 return
             else:
                 callbacks = event.callbacks
@@ -279,7 +290,7 @@ class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
                 self._waiting = event
                 return
             self._coro = self._resume_cb = self._waiting = None
-            self.succeed()
+            self._clock.env.schedule(self)  # type: ignore[arg-type]  # the task's event
             return
 
     def _interrupted(self, _kick: Any) -> None:
@@ -558,7 +569,7 @@ class _Calls(list[Callable[[], None]]):
 
 #: what the clock's own environment queues: simpy's events and the clock's own, which
 #: have what it reads of an event (``callbacks``, ``ok``, ``value``, ``defused``)
-_Queued = Event | _Kick | _Ended | _TimedWait | _Race
+_Queued = Event | _Kick | _Ended | _TimedWait | _Race | _Task[Any]
 
 
 def _stop() -> None:
@@ -650,11 +661,11 @@ class _Env:
             return self.now
         return self._entries[0][0] if self._entries else float("inf")
 
-    def run(self, until: float | Event | None = None) -> Any:
+    def run(self, until: float | Event | _Task[Any] | None = None) -> Any:
         """Step until ``until`` — a time: every event before it, and the urgent ones at it
         scheduled before this call, as simpy does; an event: until it has been processed,
         returning its value — or until nothing is left to do."""
-        if isinstance(until, Event):
+        if isinstance(until, (Event, _Task)):
             if until.callbacks is None:
                 return until.value
             until.callbacks.append(StopSimulation.callback)
@@ -888,9 +899,10 @@ class SimClock:
         return one
 
     @staticmethod
-    def event_of(w: Waitable) -> Event:
-        """The simpy event that fires when ``w`` (a task or event of this clock) does: for
-        ``env.run(until=...)`` and the simulator's own models."""
+    def event_of(w: Waitable) -> Any:
+        """The event that fires when ``w`` (a task or event of this clock) does: for
+        ``env.run(until=...)`` and the simulator's own models (a simpy event but for a
+        task on the clock's own environment, which is an event of the clock's own)."""
         if isinstance(w, _Task):
             return w
         if isinstance(w, _SimTask):
