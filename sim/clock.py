@@ -21,7 +21,9 @@ waits, so agent code sees the same exception type in both worlds and no simpy
 ``first()`` and ``timeout()`` wait on an :class:`_AnyOf`, simpy's ``AnyOf`` without its
 value.  A timeout is a race between the guarded task and a deadline; the loser is
 cancelled and awaited, so its ``finally`` has run before :class:`TimeoutError` is raised
-— as ``asyncio.timeout`` does.
+— as ``asyncio.timeout`` does.  A timeout on a one-shot's ``wait()`` (the store's waits
+with a deadline) makes the same queue entries with one object, :class:`_TimedWait`,
+standing for the task and the any-of.
 
 Shared wake-ups
 ---------------
@@ -119,6 +121,10 @@ def _waiting_for(ev: Event) -> Generator[Event, Any, Any]:
     return (yield ev)
 
 
+#: the code of a one-shot's wait (what timeout() recognises, see _TimedWait)
+_WAITING_FOR = _waiting_for.__code__
+
+
 class _Outcome(enum.Enum):
     RUNNING = 0
     RETURNED = 1
@@ -202,7 +208,7 @@ class _Kick:
         self.callbacks: list[Callable[[Any], None]] | None = [call]
 
 
-class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
+class _Task(_Awaitable, _Outcomes[T], Task[T]):
     """A task on the clock's own environment: the event that fires when the task has
     finished, driving the coroutine itself.
 
@@ -213,10 +219,18 @@ class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
     it saves per task: the ``Process``, its ``Initialize`` event and the ``_drive``
     coroutine, a frame that every resume of the task passed through; per cancellation,
     simpy's ``Interrupt`` and its conversion into :data:`Cancelled`, which is thrown
-    into the coroutine directly."""
+    into the coroutine directly.  It is no simpy event either (none of simpy's code sees
+    it: :class:`_Env` and the clock's own waits read what is below), which saves a
+    simpy event's construction, ``succeed`` and ``ok`` property per task."""
+
+    # as an event: successful unless the coroutine raised a BaseException (the run
+    # crashes then, as with a Process); its value is None (the result is the task's)
+    ok = True
+    value: Any = None
+    defused = False
 
     def __init__(self, clock: SimClock, coro: Coroutine[Any, Any, T], name: str) -> None:
-        super().__init__(clock.senv)
+        self.callbacks: list[Callable[[Any], None]] | None = []
         self._clock = clock
         self.name = name
         self._coro: Coroutine[Any, Any, T] | None = coro
@@ -233,10 +247,8 @@ class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
     def _advance(self, event: Any) -> None:
         """Resume the coroutine with ``event``'s outcome and run it to its next wait (as
         simpy's ``Process`` does), or record how it ended."""
-        clock = self._clock
         coro = self._coro
         assert coro is not None
-        clock._current = self
         while True:
             try:
                 if type(event) is _Wake:
@@ -262,11 +274,13 @@ class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
             except Exception as e:
                 self._exc = e
                 self._outcome = _Outcome.FAILED
-                clock.unobserved.append((self.name, e))
+                self._clock.unobserved.append((self.name, e))
             except BaseException as e:
                 self._coro = self._resume_cb = None
-                clock._current = None
-                self.fail(e)  # type: ignore[arg-type]  # crashes the run, as a Process's
+                # the task's event fails: that crashes the run, as a Process's
+                self.ok = False
+                self.value = e
+                self._clock.env.schedule(self)  # type: ignore[arg-type]
                 return
             else:
                 callbacks = event.callbacks
@@ -274,11 +288,9 @@ class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
                     continue  # already processed: its outcome goes straight back in
                 callbacks.append(self._resume_cb)
                 self._waiting = event
-                clock._current = None
                 return
             self._coro = self._resume_cb = self._waiting = None
-            clock._current = None
-            self.succeed()
+            self._clock.env.schedule(self)  # type: ignore[arg-type]  # the task's event
             return
 
     def _interrupted(self, _kick: Any) -> None:
@@ -288,9 +300,12 @@ class _Task(_Awaitable, Event, _Outcomes[T], Task[T]):
         self._advance(_CANCELLING)
 
     def cancel(self) -> None:
-        if self._coro is None:
+        coro: Any = self._coro
+        if coro is None:
             return
-        if self is self._clock._current:
+        # the task's coroutine is running (a coroutine awaiting another that runs is
+        # running too): the task itself asks
+        if coro.cr_running if type(coro) is types.CoroutineType else coro.gi_running:
             raise RuntimeError(f"task {self.name!r} cannot cancel itself in the simulator")
         self._clock.env.schedule(_Kick(self._interrupted), URGENT)  # type: ignore[arg-type]
 
@@ -376,6 +391,156 @@ class _AnyOf(_Awaitable, Event):
                     pass
 
 
+class _Race(_Awaitable):
+    """:class:`_AnyOf` on the clock's own environment, where an event need not be simpy's
+    (:class:`_Env` reads ``callbacks``, ``ok``, ``value`` and ``defused``): the same
+    callbacks in the same places and the same entry scheduled at the same moment, without
+    a simpy event's construction, ``succeed`` and ``ok`` property (one ``first()`` per
+    node restart, in the agent's wait for its group, a membership change or a health
+    verdict)."""
+
+    __slots__ = ("_env", "_triggered", "callbacks", "defused", "events", "ok", "value")
+
+    def __init__(self, env: _Env, events: tuple[Any, ...]) -> None:
+        self._env = env
+        self.events = events
+        self.ok = True
+        self.value: Any = None
+        self.defused = False
+        self._triggered = False
+        self.callbacks: list[Callable[[Any], None]] | None = []
+        for event in events:
+            if event.callbacks is None:
+                self(event)
+            else:
+                # the object itself is the callback: removing it is an identity test
+                event.callbacks.append(self)
+        self.callbacks.append(self._remove)
+
+    def __call__(self, event: Any) -> None:
+        if self._triggered:
+            return
+        self._triggered = True
+        if not event.ok:
+            event.defused = True
+            self.ok = False
+            self.value = event.value
+        self._env.schedule(self)
+
+    def _remove(self, _ev: Any) -> None:
+        for event in self.events:
+            callbacks = event.callbacks
+            if callbacks:
+                try:  # noqa: SIM105  (one scan of the list, no context manager)
+                    callbacks.remove(self)
+                except ValueError:
+                    pass
+
+
+class _Ended:
+    """The end of a :class:`_TimedWait`'s wait for its event, standing for the task that
+    ``timeout()`` would spawn to wait for it: scheduled (NORMAL) when that task would
+    have ended, and awaited by the waiter when the task would have been."""
+
+    __slots__ = ("callbacks",)
+    ok = True
+    defused = False
+    value = None
+
+    def __init__(self, first: Callable[[Any], None]) -> None:
+        self.callbacks: list[Callable[[Any], None]] | None = [first]
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return (yield self)
+
+
+class _TimedWait:
+    """``timeout(seconds, one_shot.wait())`` on the clock's own environment, without the
+    task and the :class:`_AnyOf` it costs in general (the store's waits for a key or a
+    revision with a deadline: about one per node restart).
+
+    It makes the same queue entries at the same moments as the general path, so the
+    run's order is the same (tests/test_sim_clock_wake.py): the task's urgent start
+    (which puts the wait into the event's callbacks), its end (:class:`_Ended`,
+    scheduled when the event fires or the wait is cancelled, through an urgent entry),
+    and this object, the any-of, scheduled when the first of the end and the deadline
+    comes.  What it saves: the task, its coroutine and its resumes, the any-of's simpy
+    event and the condition's bookkeeping."""
+
+    __slots__ = (
+        "_deadline",
+        "_end",
+        "_env",
+        "_ev",
+        "_outcome",
+        "_result",
+        "_triggered",
+        "callbacks",
+    )
+    ok = True
+    defused = False
+    value = None
+
+    def __init__(self, env: _Env, ev: _OwnEvent, seconds: float) -> None:
+        self._env = env
+        self._ev = ev
+        self._outcome = _Outcome.RUNNING  # the stand-in task's
+        self._result: Any = None
+        self._triggered = False  # the any-of's
+        # the task's start, then the deadline, then the any-of in both (as _AnyOf)
+        env.schedule(_Kick(self._start), URGENT)
+        self._end = _Ended(self)
+        self._deadline = deadline = env.wake_after(seconds if seconds > 0 else 0.0)
+        deadline.callbacks.append(self)
+        self.callbacks: list[Callable[[Any], None]] | None = [self._fired]
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return (yield self)
+
+    # the stand-in task
+    def _start(self, _kick: Any) -> None:
+        callbacks = self._ev.callbacks
+        if callbacks is None:  # fired and processed already: the task ends at once
+            self._finish(_Outcome.RETURNED, self._ev.value)
+        else:
+            callbacks.append(self._got)
+
+    def _got(self, ev: Event) -> None:
+        self._finish(_Outcome.RETURNED, ev.value)
+
+    def _finish(self, outcome: _Outcome, result: Any) -> None:
+        self._outcome = outcome
+        self._result = result
+        self._env.schedule(self._end)
+
+    def cancel(self) -> None:
+        """Cancel the stand-in task (nothing if it has ended), as _Task.cancel."""
+        if self._outcome is _Outcome.RUNNING:
+            self._env.schedule(_Kick(self._interrupted), URGENT)
+
+    def _interrupted(self, _kick: Any) -> None:
+        if self._outcome is not _Outcome.RUNNING:
+            return
+        self._ev.callbacks.remove(self._got)
+        self._finish(_Outcome.CANCELLED, None)
+
+    # the any-of
+    def __call__(self, _event: Any) -> None:
+        """The end or the deadline came: the any-of fires, once (as _AnyOf)."""
+        if not self._triggered:
+            self._triggered = True
+            self._env.schedule(self)
+
+    def _fired(self, _self: Any) -> None:
+        """The any-of is processed: out of the other's callbacks (as _AnyOf._remove)."""
+        for callbacks in (self._end.callbacks, self._deadline.callbacks):
+            if callbacks:
+                try:  # noqa: SIM105  (one scan of the list, no context manager)
+                    callbacks.remove(self)
+                except ValueError:
+                    pass
+
+
 #: the priority of observers' entries (after every event of the run at their instant)
 _ASIDE = EventPriority(2)
 
@@ -400,6 +565,11 @@ class _Calls(list[Callable[[], None]]):
     ticks, the end of ``run(until=<time>)``)."""
 
     __slots__ = ()
+
+
+#: what the clock's own environment queues: simpy's events and the clock's own, which
+#: have what it reads of an event (``callbacks``, ``ok``, ``value``, ``defused``)
+_Queued = Event | _Kick | _Ended | _TimedWait | _Race | _Task[Any]
 
 
 def _stop() -> None:
@@ -456,7 +626,17 @@ class _Env:
         self._entries: list[tuple[float, int, int, list[Any]]] = []
         self._ids = count()
         # (time, priority) -> the batch of its pending queue entry, open for joining
-        self._open: dict[tuple[float, int], list[Event | _Kick]] = {}
+        self._open: dict[tuple[float, int], list[_Queued]] = {}
+        # Performance: the same for NORMAL, the priority of nearly every event (no tuple
+        # made and hashed per schedule and per sleep)
+        self._open_normal: dict[float, list[Any]] = {}
+        # The urgent entries due now (a task's start, a cancellation), in order, outside
+        # the heap: they all come before any other entry (an urgent one is scheduled
+        # only with no delay, so at the current instant, after every urgent entry of the
+        # heap at that instant has run, see step()), and "is one pending?", asked after
+        # every event and every sleeper resumed, is a truth test, not a look at the heap
+        self._urgent: deque[list[Any]] = deque()
+        self._urgent_open: list[Any] | None = None  # the last of them, open for joining
         self.aside = 0  # queue entries that are not the run's own (progress ticks, stops)
 
     @property
@@ -477,13 +657,15 @@ class _Env:
 
     def peek(self) -> float:
         """The time of the next queue entry (infinity if there is none)."""
+        if self._urgent:
+            return self.now
         return self._entries[0][0] if self._entries else float("inf")
 
-    def run(self, until: float | Event | None = None) -> Any:
+    def run(self, until: float | Event | _Task[Any] | None = None) -> Any:
         """Step until ``until`` — a time: every event before it, and the urgent ones at it
         scheduled before this call, as simpy does; an event: until it has been processed,
         returning its value — or until nothing is left to do."""
-        if isinstance(until, Event):
+        if isinstance(until, (Event, _Task)):
             if until.callbacks is None:
                 return until.value
             until.callbacks.append(StopSimulation.callback)
@@ -505,9 +687,25 @@ class _Env:
                 ) from None
         return None
 
-    def schedule(
-        self, event: Event | _Kick, priority: EventPriority = NORMAL, delay: float = 0
-    ) -> None:
+    def schedule(self, event: _Queued, priority: EventPriority = NORMAL, delay: float = 0) -> None:
+        if priority == NORMAL:
+            t = self.now + delay
+            batch = self._open_normal.get(t)
+            if batch is not None:
+                batch.append(event)
+                return
+            batch = self._open_normal[t] = [event]
+            heappush(self._entries, (t, NORMAL, next(self._ids), batch))
+            return
+        if priority == URGENT and not delay:
+            batch = self._urgent_open
+            if batch is not None:
+                batch.append(event)
+                return
+            self._urgent_open = batch = [event]
+            self._urgent.append(batch)
+            next(self._ids)  # an entry of the queue all the same (events())
+            return
         t = self.now + delay
         key = (t, priority)
         batch = self._open.get(key)
@@ -532,23 +730,38 @@ class _Env:
         self.aside += 1  # the id this call took is no event
         return n
 
-    def wake_after(self, delay: float) -> _Wake:
-        """The event that fires ``delay`` from now, shared with other sleeps to that time."""
-        batch = self._open.get((self.now + delay, NORMAL))
+    def wake_after(self, seconds: float) -> _Wake:
+        """The event that fires ``seconds`` from now, shared with other sleeps to that time
+        (a negative delay is none, as ``SimClock.after``)."""
+        if not seconds > 0:
+            seconds = 0.0
+        batch = self._open_normal.get(self.now + seconds)
         if batch is not None:
             last = batch[-1]
             if type(last) is _Wake:
                 return last
-        return _Wake(self, delay)
+        return _Wake(self, seconds)
 
     def _stopped(self, now: float, prio: int, eid: int, rest: list[Event]) -> None:
         if rest:
-            heappush(self._entries, (now, prio, eid, rest))
+            if prio == URGENT:
+                self._urgent.appendleft(rest)  # still the first of the urgent entries
+            else:
+                heappush(self._entries, (now, prio, eid, rest))
 
     def step(self) -> None:
-        queue = self._entries
+        urgent = self._urgent
+        if urgent:
+            # the heap holds no urgent entry for now: one scheduled with no delay is here,
+            # and the heap's entries at this instant with a priority < NORMAL (the end of
+            # run(until=<time>)) were ahead of anything that could have scheduled one
+            batch = urgent.popleft()
+            if batch is self._urgent_open:
+                self._urgent_open = None
+            self._run(self.now, URGENT, 0, batch)
+            return
         try:
-            now, prio, eid, batch = heappop(queue)
+            now, prio, eid, batch = heappop(self._entries)
         except IndexError:
             raise EmptySchedule from None
         self.now = now
@@ -556,15 +769,28 @@ class _Env:
             for fn in batch:
                 fn()
             return
-        open_ = self._open
-        key = (now, prio)
-        if open_.get(key) is batch:
-            del open_[key]
+        if prio == NORMAL:
+            open_normal = self._open_normal
+            if open_normal.get(now) is batch:
+                del open_normal[now]
+        else:
+            open_ = self._open
+            key = (now, prio)
+            if open_.get(key) is batch:
+                del open_[key]
+        self._run(now, prio, eid, batch)
+
+    def _run(self, now: float, prio: int, eid: int, batch: list[Any]) -> None:
+        """Process the events of one queue entry, in order."""
+        # what an event's callbacks schedule urgently runs before the next event of a
+        # batch (before the next sleeper of a wake-up), as it would have run before that
+        # event's own queue entry; a batch of urgent events is not interrupted (what its
+        # events schedule urgently comes after the batch, as it would have in simpy's
+        # order), nor one of priority < URGENT (none is made but when the run stops)
+        urgent = self._urgent if prio > URGENT else ()
         for i, event in enumerate(batch):
             if i:
-                # what the previous event's callbacks scheduled at a higher priority runs
-                # first, as it would have run before this event's own queue entry
-                while queue and queue[0][1] < prio and queue[0][0] == now:
+                while urgent:
                     self.step()
             if type(event) is _Wake:
                 callbacks: deque[Any] = event.callbacks  # type: ignore[assignment]
@@ -574,7 +800,7 @@ class _Env:
                     except StopSimulation:
                         self._stopped(now, prio, eid, batch[i:] if callbacks else batch[i + 1 :])
                         raise
-                    while queue and queue[0][1] < prio and queue[0][0] == now:
+                    while urgent:
                         self.step()
                 event.callbacks = None  # type: ignore[assignment]
                 continue  # a wake-up never fails
@@ -584,10 +810,12 @@ class _Env:
                     callback(event)
                 except StopSimulation:
                     # as simpy: the event's remaining callbacks run first when the
-                    # simulation resumes, then the rest of the batch
+                    # simulation resumes (simpy schedules it again, with priority -1:
+                    # before anything else at this instant), then the rest of the batch
                     event.callbacks = cbs[j + 1 :]
-                    self.schedule(event, EventPriority(-1))
                     self._stopped(now, prio, eid, batch[i + 1 :])
+                    self._urgent.appendleft([event])
+                    next(self._ids)
                     raise
             if not event.ok and not event.defused:
                 # The event failed and nobody defused it: crash the run, as simpy does.
@@ -606,14 +834,16 @@ class SimClock:
         # the same object, where simpy's constructors want an Environment
         self.senv = cast(simpy.Environment, self.env)
         self.unobserved: list[tuple[str, BaseException]] = []
-        # the task whose coroutine is running (a task cannot cancel itself)
-        self._current: _Task[Any] | None = None
         # on the clock's own environment a task drives its coroutine itself; on simpy's
         # (comparisons in tests) it is a simpy Process
         self._own = type(self.env) is _Env
         self._task: type[_Task[Any]] | type[_SimTask[Any]] = _Task if self._own else _SimTask
         wake_after = getattr(self.env, "wake_after", None)
         self._wake_after = wake_after if wake_after is not None else self.env.timeout
+        if self._own:
+            # Performance: after() is the environment's wake_after itself, one call less
+            # per store round trip (the method below is for simpy's environment)
+            self.after = cast(_Env, self.env).wake_after  # type: ignore[method-assign]
 
     def every(self, period: float, fn: Callable[[float], None]) -> None:
         """Call ``fn(now)`` every ``period`` simulated seconds, after every event of the run
@@ -669,9 +899,10 @@ class SimClock:
         return one
 
     @staticmethod
-    def event_of(w: Waitable) -> Event:
-        """The simpy event that fires when ``w`` (a task or event of this clock) does: for
-        ``env.run(until=...)`` and the simulator's own models."""
+    def event_of(w: Waitable) -> Any:
+        """The event that fires when ``w`` (a task or event of this clock) does: for
+        ``env.run(until=...)`` and the simulator's own models (a simpy event but for a
+        task on the clock's own environment, which is an event of the clock's own)."""
         if isinstance(w, _Task):
             return w
         if isinstance(w, _SimTask):
@@ -702,20 +933,50 @@ class SimClock:
         for i, w in enumerate(waitables):  # lowest index wins ties
             if self._is_done(w):
                 return i, self._value_of(w)
-        any_ = _AnyOf(self.senv, tuple(map(self.event_of, waitables)))
-        await (any_ if self._own else _Yield(any_))
+        events = tuple(map(self.event_of, waitables))
+        if self._own:
+            await _Race(cast(_Env, self.env), events)
+        else:
+            await _Yield(_AnyOf(self.senv, events))
         for i, w in enumerate(waitables):
             if self._is_done(w):
                 return i, self._value_of(w)
         raise AssertionError("AnyOf fired with nothing done")  # pragma: no cover
 
     async def timeout(self, seconds: float, coro: Coroutine[Any, Any, T]) -> T:
+        gen: Any = coro  # a one-shot's wait is a generator (see _SimOneShot.wait)
+        if (
+            self._own
+            and type(gen) is types.GeneratorType
+            and gen.gi_code is _WAITING_FOR
+            and (frame := gen.gi_frame) is not None
+            and type(one := frame.f_locals["ev"]) is _OwnEvent
+        ):
+            # Performance: a one-shot's wait (the store's waits with a deadline), in the
+            # same queue entries as below with fewer objects (see _TimedWait)
+            coro.close()
+            wait = _TimedWait(cast(_Env, self.env), one, seconds)
+            try:
+                await wait
+            except Cancelled:
+                wait.cancel()
+                raise
+            if wait._outcome is _Outcome.RETURNED:
+                return cast(T, wait._result)
+            wait.cancel()
+            await wait._end
+            # fired in the same instant (the await changed the outcome: mypy cannot know)
+            if wait._outcome is _Outcome.RETURNED:  # type: ignore[comparison-overlap]
+                return cast(T, wait._result)
+            raise TimeoutError(f"timed out after {seconds:g}s")
         task: _Task[T] | _SimTask[T] = self._task(self, coro, "timeout")
         ev = self.event_of(task)
         deadline = self._wake_after(max(0.0, seconds))
         try:
-            any_ = _AnyOf(self.senv, (ev, deadline))
-            await (any_ if self._own else _Yield(any_))
+            if self._own:
+                await _Race(cast(_Env, self.env), (ev, deadline))
+            else:
+                await _Yield(_AnyOf(self.senv, (ev, deadline)))
         except Cancelled:
             task.cancel()
             raise

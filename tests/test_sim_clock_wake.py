@@ -43,6 +43,9 @@ def _program(clock: SimClock, seed: int) -> list[tuple[float, str]]:
     tasks: list[Task[None]] = []
     ev = clock.event()
     delays = [0.0, 0.5, 1.0, 1.5]
+    # one-shots waited for with a deadline (timeout() of a one-shot's wait has a path of
+    # its own on the clock's own environment), set by other tasks, some never
+    shots = [clock.event() for _ in range(4)]
 
     async def worker(name: str, depth: int) -> None:
         try:
@@ -57,8 +60,20 @@ def _program(clock: SimClock, seed: int) -> list[tuple[float, str]]:
                     if not victim.done():
                         with contextlib.suppress(RuntimeError):  # itself
                             victim.cancel()
-                elif choice < 0.8:
+                elif choice < 0.75:
                     ev.set(name)
+                elif choice < 0.8:
+                    k = rng.randrange(len(shots))
+                    if rng.random() < 0.4:
+                        shots[k].set(f"{name}.{i}")
+                        if rng.random() < 0.5:
+                            shots[k] = clock.event()  # a fresh one for later waits
+                    else:
+                        try:
+                            got = await clock.timeout(rng.choice(delays), shots[k].wait())
+                            log.append((clock.now(), f"{name} got {got}"))
+                        except TimeoutError:
+                            log.append((clock.now(), f"{name} waited {k} in vain"))
                 elif choice < 0.9:
                     try:
                         await clock.timeout(rng.choice(delays), clock.sleep(rng.choice(delays)))
@@ -66,9 +81,18 @@ def _program(clock: SimClock, seed: int) -> list[tuple[float, str]]:
                         log.append((clock.now(), f"{name} timed out"))
                 elif choice < 0.93:
                     # first() of a sleeping task and the shared event (fired or not yet)
-                    racer = clock.spawn(clock.sleep(rng.choice(delays)), name=f"{name}.r")
-                    won, _ = await clock.first(racer, ev)
-                    log.append((clock.now(), f"{name} first {won}"))
+                    # (or of a failing task: first() raises its error)
+                    racer = clock.spawn(
+                        clock.sleep(rng.choice(delays))
+                        if rng.random() < 0.7
+                        else _fail_after(clock, rng.choice(delays)),
+                        name=f"{name}.r",
+                    )
+                    try:
+                        won, _ = await clock.first(racer, ev)
+                        log.append((clock.now(), f"{name} first {won}"))
+                    except ValueError as e:
+                        log.append((clock.now(), f"{name} first raised {e}"))
                     racer.cancel()
                 elif choice < 0.96:
                     # a failing task, joined: its error comes back through join()
