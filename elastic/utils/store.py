@@ -41,7 +41,7 @@ class StoreTimeoutError(TimeoutError):
     """A barrier timed out on a store that is not torch's (torch's raise ``DistStoreError``)."""
 
 
-class SyncStore(Protocol):
+class BlockingStore(Protocol):
     """The part of a ``torch.distributed.Store`` these helpers use."""
 
     @property
@@ -72,7 +72,7 @@ def _timeout_error(msg: str) -> BaseException:
 
 
 @contextmanager
-def store_timeout(store: SyncStore, timeout: float) -> Iterator[None]:
+def store_timeout(store: BlockingStore, timeout: float) -> Iterator[None]:
     """Set ``store``'s timeout to ``timeout`` seconds for the block, then restore it.
 
     As torch, the old timeout is restored only when the block ends normally: after an
@@ -84,7 +84,7 @@ def store_timeout(store: SyncStore, timeout: float) -> Iterator[None]:
     store.set_timeout(old)
 
 
-def _barrier_nonblocking(store: SyncStore, world_size: int, key_prefix: str) -> str:
+def _barrier_nonblocking(store: BlockingStore, world_size: int, key_prefix: str) -> str:
     """Check in at the barrier ``key_prefix``; the key to wait for (set by the last one in)."""
     last_member_key = key_prefix + _LAST_MEMBER_CHECKIN
     if store.add(key_prefix + _NUM_MEMBERS, 1) == world_size:
@@ -92,7 +92,7 @@ def _barrier_nonblocking(store: SyncStore, world_size: int, key_prefix: str) -> 
     return last_member_key
 
 
-def get_all(store: SyncStore, rank: int, prefix: str, world_size: int) -> list[bytes]:
+def get_all(store: BlockingStore, rank: int, prefix: str, world_size: int) -> list[bytes]:
     """The values of ``<prefix>0`` … ``<prefix><world_size - 1>`` (each waited for).
 
     Every caller then checks in at ``<prefix>/finished``; rank 0 waits until all have, so
@@ -106,7 +106,7 @@ def get_all(store: SyncStore, rank: int, prefix: str, world_size: int) -> list[b
 
 
 def synchronize(
-    store: SyncStore,
+    store: BlockingStore,
     data: bytes,
     rank: int,
     world_size: int,
@@ -124,7 +124,7 @@ def synchronize(
 
 
 def _missing_ranks(
-    store: SyncStore,
+    store: BlockingStore,
     world_size: int,
     key_prefix: str,
     rank: int,
@@ -157,7 +157,7 @@ def _missing_ranks(
 
 
 def barrier(
-    store: SyncStore,
+    store: BlockingStore,
     world_size: int,
     key_prefix: str,
     barrier_timeout: float = 300,
