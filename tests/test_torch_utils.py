@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import threading
 from datetime import timedelta
 from typing import Any
@@ -196,3 +197,26 @@ def test_get_logger_is_named_after_the_calling_module_and_reads_loglevel(
     assert get_logger("a.b").name == "a.b"
     assert get_logger("a.b").level == logging.DEBUG
     assert _derive_module_name(depth=1) == __name__
+
+
+def test_barrier_timeout_keeps_the_stores_error_type_when_torch_is_loaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torch's DistStoreError is caught too once torch is imported, but a store of ours
+    # still gets its own error type back (the full suite imports torch elsewhere)
+    import types
+
+    fake_c = types.SimpleNamespace(_DistStoreError=type("_DistStoreError", (RuntimeError,), {}))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(_C=fake_c))
+    with pytest.raises(store_util.StoreTimeoutError, match="missing_ranks=\\[1\\]"):
+        store_util.barrier(ThreadStore(), 2, "k", barrier_timeout=0.05, rank=0, trace_timeout=0.05)
+
+    class TorchLike(ThreadStore):
+        def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+            try:
+                super().wait(keys, timeout)
+            except store_util.StoreTimeoutError as exc:
+                raise fake_c._DistStoreError(str(exc)) from None
+
+    with pytest.raises(fake_c._DistStoreError, match="missing_ranks=\\[1\\]"):
+        store_util.barrier(TorchLike(), 2, "k", barrier_timeout=0.05, rank=0, trace_timeout=0.05)

@@ -13,9 +13,9 @@ first finds out who is missing: every member sets ``<prefix><rank>/TRACE``; rank
 for each other rank's trace key (the first for ``trace_timeout``, the next ones 1 ms, at
 most :data:`MAX_TRACE_MISSING_RANKS` missing), opens ``<prefix>/TRACING_GATE`` and names
 the missing ranks in its error; the others wait for the gate and name rank 0 as the one
-that knows.  ``elastic`` does not depend on torch: torch's ``DistStoreError`` is caught
-and raised when torch is loaded (a torch store's timeout is one), else
-:class:`StoreTimeoutError`.
+that knows, in an error of the type the store raised.  ``elastic`` does not depend on
+torch: a timeout is torch's ``DistStoreError`` when torch is loaded (a torch store's
+timeout is one) or :class:`StoreTimeoutError` (raise it from a store of your own).
 """
 
 from __future__ import annotations
@@ -65,10 +65,6 @@ def _timeout_errors() -> tuple[type[BaseException], ...]:
     if isinstance(dist_error, type) and issubclass(dist_error, BaseException):
         return (dist_error, StoreTimeoutError)
     return (StoreTimeoutError,)
-
-
-def _timeout_error(msg: str) -> BaseException:
-    return _timeout_errors()[0](msg)
 
 
 @contextmanager
@@ -177,7 +173,7 @@ def barrier(
         last_member_key = _barrier_nonblocking(store, world_size, key_prefix)
         try:
             store.wait([last_member_key])
-        except _timeout_errors():
+        except _timeout_errors() as exc:
             if rank is None:
                 raise
             missing = _missing_ranks(
@@ -190,7 +186,8 @@ def barrier(
             )
             if missing is None:
                 raise
-            raise _timeout_error(
+            # the store's own error type (torch's DistStoreError for a torch store)
+            raise type(exc)(
                 f"Timed out waiting on barrier on rank {rank}, for key prefix: {key_prefix} "
                 f"(world_size={world_size}, missing_ranks=[{', '.join(missing)}], "
                 f"timeout={barrier_timeout})"
