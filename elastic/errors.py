@@ -4,6 +4,8 @@
 
     ElasticError                         — root: catch this to catch everything of ours
     ├── ConfigError (also a ValueError)  — bad user input (flag, file, scenario); one line
+    │   ├── EntrypointNotFoundError (also a FileNotFoundError) — no such worker program
+    │   └── EntrypointNotExecutableError (also a PermissionError) — not executable
     ├── StoreError                       — the store failed an operation
     │   ├── StoreClosedError             — the store was shut down
     │   └── real.netstore_protocol.ProtocolError — bytes that are not the network
@@ -23,12 +25,22 @@ Every class keeps all of its fields in ``args`` (simpy rebuilds an exception fro
 
 Where torch raises a builtin exception for the same mistake, ours derives from it too,
 so a torch user's ``except`` keeps working: :class:`ConfigError` is a ``ValueError``
-(torch raises ``ValueError`` for bad launcher and rendezvous input).
+(torch raises ``ValueError`` for bad launcher and rendezvous input), and a worker program
+that is missing or not executable is also the ``FileNotFoundError`` or ``PermissionError``
+torch's ``start_processes`` raises (from ``subprocess.Popen``).
 """
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "ElasticError", "StoreClosedError", "StoreError", "one_line"]
+__all__ = [
+    "ConfigError",
+    "ElasticError",
+    "EntrypointNotExecutableError",
+    "EntrypointNotFoundError",
+    "StoreClosedError",
+    "StoreError",
+    "one_line",
+]
 
 
 class ElasticError(Exception):
@@ -57,6 +69,15 @@ class ConfigError(ElasticError, ValueError):
     def __str__(self) -> str:
         # one line whatever the input put in it (a key or a path may hold a newline)
         return one_line(f"{self.where}: {self.message}")
+
+
+class EntrypointNotFoundError(ConfigError, FileNotFoundError):
+    """The worker program does not exist (where torch's ``Popen`` raises
+    ``FileNotFoundError``)."""
+
+
+class EntrypointNotExecutableError(ConfigError, PermissionError):
+    """The worker program exists but may not be executed (torch: ``PermissionError``)."""
 
 
 class StoreError(ElasticError):

@@ -138,8 +138,10 @@ class LaunchConfig:
             where = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
         else:
             value, where = self.shutdown_timeout, "--shutdown-timeout"
-        if not 0 <= value < float("inf"):
-            raise ConfigError(where, f"got {value:g}; expected seconds >= 0")
+        if value < 0:  # torch's words (LaunchConfig), which callers may match
+            raise ConfigError(where, f"shutdown_timeout must be non-negative, got {value:g}")
+        if not value < float("inf"):
+            raise ConfigError(where, f"got {value:g}; expected a finite number of seconds >= 0")
         self.shutdown_timeout = int(value) if float(value).is_integer() else value
 
 

@@ -41,6 +41,7 @@ REAL_ADAPTERS = {
     "elastic/timer/guard.py",
     "elastic/timer/local_timer.py",
     "elastic/timer/file_based_local_timer.py",
+    "elastic/utils/api.py",  # torch's get_socket_with_port: opens a listening socket
 }
 
 # The pure core: these must stay free of I/O imports whatever else changes.

@@ -457,6 +457,29 @@ def test_missing_executable_is_a_one_line_config_error(tmp_path: Path) -> None:
         asyncio.run(main())
 
 
+def test_missing_or_unexecutable_program_is_also_torchs_builtin_error(tmp_path: Path) -> None:
+    # torch's start_processes lets Popen's FileNotFoundError / PermissionError through;
+    # callers catching those keep working, and the CLI still prints one line
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")  # not executable
+
+    async def main(entrypoint: str) -> None:
+        pw = ProcessWorkers(DefaultLogsSpecs(str(tmp_path)), reaper=False, subreaper=False)
+        await pw.start([launch(0, entrypoint)])
+
+    for entrypoint in ("no-such-program-xyz", str(tmp_path / "missing.py")):
+        with pytest.raises(FileNotFoundError) as missing:
+            asyncio.run(main(entrypoint))
+        assert isinstance(missing.value, ConfigError) and missing.value.where == "entrypoint"
+    with pytest.raises(PermissionError) as denied:
+        asyncio.run(main(str(script)))
+    assert isinstance(denied.value, ConfigError)
+    assert (
+        str(denied.value)
+        == f"entrypoint: {str(script)!r} is not an executable file; give a program path"
+    )
+
+
 @pytest.mark.timeout(60)
 def test_local_rank_macro_and_environment_reach_the_worker(
     sweep: Sweep, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -349,3 +349,48 @@ def test_timer_of_a_worker_that_exited_holding_it_is_dropped_without_a_kill(
     debug = [r for r in caplog.records if r.name == "elastic.timer.debug_info_logging"]
     assert len(debug) == 1 and "run:[run0]" in debug[0].getMessage()
     assert str(worker.pid) in debug[0].getMessage()
+
+
+def test_release_from_a_process_already_exited_and_reaped_is_accepted(
+    server: tuple[FileTimerServer, list[tuple[str, Any]], list[Reaped]],
+    fifo: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a worker's last line is often its release, and the worker may be gone (and reaped,
+    # so no longer anyone's descendant) before the server reads it: the release must
+    # still drop the timer, with no "not a worker of this agent" warning
+    srv, _, reaped = server
+    child = spawn(SLEEPER)
+    write_line(fifo, line(child.pid, signal.SIGKILL, scope="held"))
+    wait_for(lambda: srv._request_count == 1)
+    child.kill()
+    child.wait()
+    caplog.set_level("WARNING", logger="elastic.timer")
+    write_line(fifo, line(child.pid, 0, exp=-1, scope="held"))
+    wait_for(lambda: srv._request_count == 2)
+    assert srv.get_expired_timers(1e13) == {}
+    assert reaped == []
+    assert not [r for r in caplog.records if "not a worker" in r.getMessage()]
+
+
+def test_local_server_lists_live_timers_by_worker_and_scope_as_torch() -> None:
+    # torch's tests (and tools written against them) read server._timers
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    srv = LocalTimerServer(q, max_interval=0.1)
+    srv.start()
+    try:
+        child = spawn(SLEEPER)
+        try:
+            q.put((child.pid, "a", 1e12))
+            q.put((child.pid, "b", 1e12))
+            q.put((child.pid, "a", -1))
+            wait_for(lambda: list(srv._timers) == [(child.pid, "b")])
+            assert srv._timers[(child.pid, "b")] == TimerRequest(child.pid, "b", 1e12)
+        finally:
+            child.kill()
+            child.wait()
+    finally:
+        srv.stop()
+        q.close()
+        q.join_thread()

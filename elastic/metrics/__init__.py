@@ -30,10 +30,13 @@ if TYPE_CHECKING:
         MetricsConfig,
         MetricStream,
         configure,
+        get_elapsed_time_ms,
         getStream,
         initialize_metrics,
         last_values,
         prof,
+        profile,
+        publish_metric,
         put_metric,
     )
 
@@ -48,9 +51,12 @@ __all__ = [
     "NullMetricHandler",
     "configure",
     "getStream",
+    "get_elapsed_time_ms",
     "initialize_metrics",
     "last_values",
     "prof",
+    "profile",
+    "publish_metric",
     "put_metric",
 ]
 
@@ -61,9 +67,12 @@ _TORCH_API = frozenset(
         "MetricsConfig",
         "configure",
         "getStream",
+        "get_elapsed_time_ms",
         "initialize_metrics",
         "last_values",
         "prof",
+        "profile",
+        "publish_metric",
         "put_metric",
     }
 )

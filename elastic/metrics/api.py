@@ -31,9 +31,12 @@ __all__ = [
     "NullMetricHandler",
     "configure",
     "getStream",
+    "get_elapsed_time_ms",
     "initialize_metrics",
     "last_values",
     "prof",
+    "profile",
+    "publish_metric",
     "put_metric",
 ]
 
@@ -93,11 +96,49 @@ def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchel
     getStream(metric_group).add_value(metric_name, metric_value)
 
 
+def publish_metric(metric_group: str, metric_name: str, metric_value: int) -> None:
+    """torch's older spelling of :func:`put_metric` (group first), kept for old callers."""
+    getStream(metric_group).add_value(metric_name, metric_value)
+
+
+def get_elapsed_time_ms(start_time_in_seconds: float) -> int:
+    """Milliseconds of wall time since ``start_time_in_seconds`` (a ``time.time()``)."""
+    return int((time.time() - start_time_in_seconds) * 1000)
+
+
+def profile(group: str | None = None) -> Callable[[F], F]:
+    """torch's older decorator: ``<fn name>.success|failure`` and ``<fn name>.duration.ms``
+    in ``group``, keyed by the bare function name (:func:`prof` keys by qualified name).
+    Without a group the values go to group ``torchelastic`` (torch's go to a group named
+    ``None``, which only the default handler can receive)."""
+
+    def wrap(f: F) -> F:
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            grp = group if group is not None else "torchelastic"
+            start = time.time()
+            try:
+                result = f(*args, **kwargs)
+                publish_metric(grp, f"{f.__name__}.success", 1)
+            except Exception:
+                publish_metric(grp, f"{f.__name__}.failure", 1)
+                raise
+            finally:
+                publish_metric(grp, f"{f.__name__}.duration.ms", get_elapsed_time_ms(start))
+            return result
+
+        return cast(F, wrapper)
+
+    return wrap
+
+
 def initialize_metrics(cfg: MetricsConfig | None = None) -> None:
     """No-op, as in torch (kept for compatibility)."""
 
 
-def _key(fn: Callable[..., Any]) -> str:
+def _get_metric_name(fn: Callable[..., Any]) -> str:
+    """torch's metric key for ``fn``: its ``__qualname__`` when that names a class
+    (``Trainer.step``), else ``<module leaf>.<name>``."""
     qual = fn.__qualname__
     if "." in qual:
         return qual
@@ -110,7 +151,7 @@ def prof(fn: F | None = None, group: str = "torchelastic") -> Any:
     def wrap(f: F) -> F:
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            key = _key(f)
+            key = _get_metric_name(f)
             start = time.perf_counter()
             try:
                 result = f(*args, **kwargs)

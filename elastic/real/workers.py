@@ -92,7 +92,12 @@ from string import Template
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 from elastic._records import Record
-from elastic.errors import ConfigError, ElasticError
+from elastic.errors import (
+    ConfigError,
+    ElasticError,
+    EntrypointNotExecutableError,
+    EntrypointNotFoundError,
+)
 from elastic.ids import uuid4_hex
 from elastic.multiprocessing.api import DefaultLogsSpecs, LogsDest, LogsSpecs
 from elastic.multiprocessing.oom import OomCounters, oom_verdict, read_oom_counters
@@ -1072,12 +1077,12 @@ def _resolve_executable(entrypoint: str, env: Mapping[str, str]) -> str:
     if os.sep in entrypoint:
         if os.path.isfile(entrypoint) and os.access(entrypoint, os.X_OK):
             return os.path.abspath(entrypoint)
-        raise ConfigError(
-            "entrypoint", f"{entrypoint!r} is not an executable file; give a program path"
-        )
+        missing = not os.path.exists(entrypoint)
+        error = EntrypointNotFoundError if missing else EntrypointNotExecutableError
+        raise error("entrypoint", f"{entrypoint!r} is not an executable file; give a program path")
     found = shutil.which(entrypoint, path=env.get("PATH", os.defpath))
     if found is None:
-        raise ConfigError(
+        raise EntrypointNotFoundError(
             "entrypoint",
             f"{entrypoint!r} was not found on the workers' PATH; give a program path or install it",
         )

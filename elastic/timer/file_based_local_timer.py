@@ -23,8 +23,9 @@ removes the pipe only if it is still the one it made.
 Server (real adapter): the FIFO is created with mode 0o600 (owner only).  The driver
 loop watches it with ``loop.add_reader`` — it wakes when a client writes, never on a
 timer — and keeps a write end open itself so the pipe does not report end-of-file
-between clients.  Requests go through a :class:`~elastic.timer.guard.ReapGuard`:
-only this agent's worker pids and the allowed signals.
+between clients.  Acquires go through a :class:`~elastic.timer.guard.ReapGuard`:
+only this agent's worker pids and the allowed signals; a release is accepted from any
+sender (it can only drop a timer; its sender may already be gone).
 
 A worker that has already exited (gone, or a zombie awaiting its parent) has its timers
 dropped without a signal and without reporting a kill, as torch's ``clear_timers``
@@ -61,8 +62,8 @@ from typing import Any
 import psutil
 
 from elastic.errors import ConfigError
-from elastic.timer import debug_info_logging
 from elastic.timer.api import TimerClient, TimerError, TimerRequest
+from elastic.timer.debug_info_logging import log_debug_info_for_expired_timers
 from elastic.timer.guard import DEFAULT_ALLOWED_SIGNALS, Reaped, ReapGuard
 from elastic.timer.serving import DriverThread
 from elastic.timer.table import TimerTable
@@ -401,7 +402,10 @@ class FileTimerServer:
                 sorted(self.guard.allowed_signals),
             )
             return False
-        if not self.guard.pid_allowed(request.worker_pid):
+        # A release passes whoever sent it (as in LocalTimerServer): it can only drop a
+        # timer, never cause a signal, and its sender has often exited (and been reaped,
+        # so it is no one's descendant any more) by the time the line is read.
+        if request.expiration_time >= 0 and not self.guard.pid_allowed(request.worker_pid):
             _warn.warning(
                 "refusing timer of pid %s: not a worker of this agent", request.worker_pid
             )
@@ -492,9 +496,7 @@ class FileTimerServer:
             if request.signal > 0:
                 chosen = request
                 break
-        debug_info_logging.log_debug_info_for_expired_timers(
-            self._run_id, {pid: [r.to_json() for r in expired]}
-        )
+        log_debug_info_for_expired_timers(self._run_id, {pid: [r.to_json() for r in expired]})
         if chosen is None:
             log.info("No signal specified with worker=[%s]. Do not reap it.", pid)
             return True

@@ -154,6 +154,18 @@ class LocalTimerServer(TimerServer):
             read()
         return out
 
+    @property
+    def _timers(self) -> dict[tuple[Any, str], TimerRequest]:
+        """torch's view of the live timers: ``(worker_id, scope_id) -> request`` (a copy)."""
+        out: dict[tuple[Any, str], TimerRequest] = {}
+
+        def read() -> None:
+            out.update({(r.worker_id, r.scope_id): r for r in self._table.timers()})
+
+        if not self._core.call(read):
+            read()
+        return out
+
     def _reap_worker(self, worker_id: Any) -> bool:
         return self.guard.kill(int(worker_id), signal.SIGKILL)
 
