@@ -25,7 +25,7 @@ from elastic.errors import StoreError
 from elastic.memstore import MemoryStore
 from elastic.real.clock import AsyncioClock
 from elastic.real.loop_thread import LoopThread
-from elastic.real.rdzv_store import matches_this_machine
+from elastic.real.rdzv_store import _resolve, matches_this_machine
 from elastic.rendezvous.api import (
     RendezvousConnectionError,
     RendezvousContext,
@@ -64,12 +64,20 @@ def default_context(params: RendezvousParameters) -> RendezvousContext:
     host, port = parse_rendezvous_endpoint(
         params.endpoint, default_port=_DEFAULT_PORTS.get(params.backend, 29400)
     )
+    if host not in ("", "0.0.0.0", "::") and not matches_this_machine(host) and not _resolve(host):
+        # torch's store fails on a name that does not resolve, even for one node
+        raise RendezvousConnectionError(
+            f"The rendezvous endpoint '{params.endpoint}' ({params.backend}) names no host "
+            f"this machine can resolve: {host!r}"
+        )
     loop = shared_loop()
     clock = AsyncioClock()
     in_process = (
         params.max_nodes <= 1
         and params.backend in ("c10d", "static")
         and (host in ("", "0.0.0.0") or matches_this_machine(host))
+        # is_host=false: a store someone else hosts, reached over the network as torch's is
+        and params.get_as_bool("is_host") is not False
     )
     with _lock:
         key = (params.backend, host, port)

@@ -266,7 +266,8 @@ async def open_rendezvous_store(
     read_timeout = _float_key(conf, "read_timeout", DEFAULT_READ_TIMEOUT)
     if backend in ("etcd", "etcd-v2"):
         return await _open_etcd(endpoint, conf, read_timeout, clock)
-    if max_nodes <= 1 and backend in ("c10d", "static"):
+    # one node needs no network store, unless told that another process hosts it
+    if max_nodes <= 1 and backend in ("c10d", "static") and _bool_key(conf, "is_host") is not False:
         from elastic.memstore import MemoryStore
 
         store = MemoryStore(clock)

@@ -8,6 +8,7 @@ encoding (base64 of the state) over this project's store port; the state itself 
 from __future__ import annotations
 
 import binascii
+import copy
 from base64 import b64decode, b64encode
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ from elastic.rendezvous.api import (
     RendezvousStateError,
     SyncRunner,
     SyncStore,
+    _is_store_port,
 )
 from elastic.rendezvous.backend_store import RendezvousBackend, Token
 from elastic.store import Store
@@ -27,6 +29,10 @@ __all__ = ["DEFAULT_PORT", "C10dRendezvousBackend", "KeyBackend", "create_backen
 
 DEFAULT_PORT = 29400
 T = TypeVar("T")
+
+# torch's value of a state key that holds no state yet (base64 of "canimadam"): on a
+# blocking store, whose ``get`` waits for an absent key, the key is created holding it
+_NULL_SENTINEL = "Y2FuaW1hZGFt"
 
 
 class KeyBackend(RendezvousBackend):
@@ -37,6 +43,14 @@ class KeyBackend(RendezvousBackend):
     store's coroutines for torch's blocking ``get_state``/``set_state`` (taken from a
     :class:`SyncStore` when one is given).  The token is the stored bytes: a
     ``compare_set`` on them is torch's fencing.
+
+    ``store`` may also be a blocking store with torch's methods (``torch.distributed``'s
+    ``TCPStore``, ``FileStore``, ``HashStore``, or any object with ``get`` and
+    ``compare_set``): then the backend is torch's, call for call — the key is created
+    holding torch's null sentinel, ``get_state``/``set_state`` call the store directly
+    (the ``*_async`` methods too: they block, as a synchronous backend's do), and the
+    store's ``ValueError``/``RuntimeError``/``TimeoutError`` become
+    :class:`RendezvousConnectionError`.
     """
 
     _WHAT = "the store"
@@ -51,12 +65,51 @@ class KeyBackend(RendezvousBackend):
     ) -> None:
         if not run_id:
             raise ValueError("The run id must be a non-empty string.")
+        self._blocking: Any = None
         if isinstance(store, SyncStore):
             sync_runner = sync_runner or store._run
             store = store.port
+        elif not _is_store_port(store):
+            self._blocking = store
         self._store: Store = store
         self._key = key
         self.sync_runner = sync_runner
+        if self._blocking is not None:
+            self._call_blocking("compare_set", key, "", _NULL_SENTINEL)
+
+    def _call_blocking(self, op: str, *args: Any) -> Any:
+        try:
+            return getattr(self._blocking, op)(*args)
+        except (ValueError, RuntimeError, TimeoutError) as exc:
+            raise RendezvousConnectionError(
+                f"The connection to {self._WHAT} has failed. See inner exception for details."
+            ) from exc
+
+    def get_state(self) -> tuple[bytes, Token] | None:
+        """See base class."""
+        if self._blocking is None:
+            return super().get_state()
+        return self._decode_state(bytes(self._call_blocking("get", self._key)))
+
+    def set_state(
+        self, state: bytes, token: Token | None = None
+    ) -> tuple[bytes, Token, bool] | None:
+        """See base class."""
+        if self._blocking is None:
+            return super().set_state(state, token)
+        if token:
+            if not isinstance(token, bytes):  # certainly not the current one
+                result = self.get_state()
+                return None if result is None else (*result, False)
+            expected = token.decode()
+        else:
+            expected = _NULL_SENTINEL
+        raw = self._call_blocking("compare_set", self._key, expected, b64encode(state).decode())
+        decoded = self._decode_state(bytes(raw))
+        if decoded is None:
+            return None
+        new_state, new_token = decoded
+        return new_state, new_token, new_state == state
 
     async def _call(self, op: Awaitable[T]) -> T:
         try:
@@ -68,6 +121,8 @@ class KeyBackend(RendezvousBackend):
 
     async def get_state_async(self) -> tuple[bytes, Token] | None:
         """See base class."""
+        if self._blocking is not None:
+            return self.get_state()
         raw = await self._call(self._store.try_get(self._key))
         return None if raw is None else self._decode_state(raw)
 
@@ -75,6 +130,8 @@ class KeyBackend(RendezvousBackend):
         self, state: bytes, token: Token | None = None
     ) -> tuple[bytes, Token, bool] | None:
         """See base class."""
+        if self._blocking is not None:
+            return self.set_state(state, token)
         encoded = b64encode(state)
         expected: bytes | None = None
         if token:
@@ -86,10 +143,15 @@ class KeyBackend(RendezvousBackend):
         raw = await self._call(self._store.compare_set(self._key, expected, encoded))
         if not raw:  # the key is absent: torch's compare_set gives the expected value back
             return None
-        new_state, new_token = self._decode_state(raw)
+        decoded = self._decode_state(raw)
+        if decoded is None:
+            return None
+        new_state, new_token = decoded
         return new_state, new_token, new_state == state
 
-    def _decode_state(self, raw: bytes) -> tuple[bytes, Token]:
+    def _decode_state(self, raw: bytes) -> tuple[bytes, Token] | None:
+        if raw == _NULL_SENTINEL.encode():
+            return None  # torch's empty key (a torch agent's, or a blocking store's)
         try:
             return b64decode(raw, validate=True), bytes(raw)
         except binascii.Error as exc:
@@ -146,7 +208,15 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
 
     from elastic.real.rdzv_context import default_context
 
-    ctx = default_context(params)
+    if params.backend != "c10d":  # the c10d store whatever the handler is named (torch's)
+        params = copy.copy(params)
+        params.backend = "c10d"
+    try:
+        ctx = default_context(params)
+    except RendezvousConnectionError as exc:  # torch's words; ours are the inner exception
+        raise RendezvousConnectionError(
+            "The connection to the C10d store has failed. See inner exception for details."
+        ) from exc
     assert ctx.sync_runner is not None
     store = SyncStore(ctx.store, ctx.sync_runner, timeout=float(read_timeout))
     return C10dRendezvousBackend(store, params.run_id), store
