@@ -375,6 +375,31 @@ class MemoryStore:
         self._mutated(gone)
         return len(gone)
 
+    async def count_prefix(self, prefix: str) -> tuple[int, int, bool]:
+        """(current revision, how many keys are under ``prefix``, whether ``prefix`` itself
+        is a key): what a caller that reads no value learns from :meth:`snapshot`, in
+        O(log n) and without copying the keys.
+
+        Not part of the Store port (etcd has it as a ``count_only`` range, a TCP store has
+        not): the rendezvous's parked nodes count a round's members with it
+        (:mod:`elastic.rendezvous.dynamic_rendezvous`), where a snapshot copied every
+        member's key and value (a million dict entries a day at 2,048 nodes).
+        """
+        self._check_open()
+        self.stats.ops += 1
+        keys = self._sorted
+        i = bisect.bisect_left(keys, prefix)
+        if not prefix:
+            j = len(keys)
+        elif prefix[-1] == "\U0010ffff":  # no successor: scan (never a rendezvous prefix)
+            j = i
+            while j < len(keys) and keys[j].startswith(prefix):
+                j += 1
+        else:
+            # every key under prefix sorts before prefix with its last character bumped
+            j = bisect.bisect_left(keys, prefix[:-1] + chr(ord(prefix[-1]) + 1), i)
+        return self._revision, j - i, i < j and keys[i] == prefix
+
     async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
         await self.wait(keys, timeout)
         return [self._data[k] for k in keys]

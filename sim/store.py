@@ -302,6 +302,10 @@ class SimStoreClient:
     def snapshot(self, prefix: str) -> Coroutine[Any, Any, tuple[int, dict[str, bytes]]]:
         return self._call(self.host.store.snapshot, prefix)
 
+    def count_prefix(self, prefix: str) -> Coroutine[Any, Any, tuple[int, int, bool]]:
+        """The host store's key count under a prefix (see MemoryStore.count_prefix)."""
+        return self._call(self.host.store.count_prefix, prefix)
+
     def watch(
         self, prefix: str, after: int, timeout: float | None = None
     ) -> Coroutine[Any, Any, int]:
