@@ -363,9 +363,7 @@ class MemoryStore:
         self._check_open()
         self.stats.ops += 1
         keys = self._sorted
-        i = j = bisect.bisect_left(keys, prefix)
-        while j < len(keys) and keys[j].startswith(prefix):
-            j += 1
+        i, j = self._range(prefix)
         gone = keys[i:j]
         if not gone:
             return 0
@@ -387,18 +385,22 @@ class MemoryStore:
         """
         self._check_open()
         self.stats.ops += 1
+        i, j = self._range(prefix)
+        return self._revision, j - i, i < j and self._sorted[i] == prefix
+
+    def _range(self, prefix: str) -> tuple[int, int]:
+        """The keys under ``prefix`` are ``self._sorted[i:j]``: two bisections."""
         keys = self._sorted
         i = bisect.bisect_left(keys, prefix)
         if not prefix:
-            j = len(keys)
-        elif prefix[-1] == "\U0010ffff":  # no successor: scan (never a rendezvous prefix)
+            return i, len(keys)
+        if prefix[-1] == "\U0010ffff":  # no successor: scan (never a rendezvous prefix)
             j = i
             while j < len(keys) and keys[j].startswith(prefix):
                 j += 1
-        else:
-            # every key under prefix sorts before prefix with its last character bumped
-            j = bisect.bisect_left(keys, prefix[:-1] + chr(ord(prefix[-1]) + 1), i)
-        return self._revision, j - i, i < j and keys[i] == prefix
+            return i, j
+        # every key under prefix sorts before prefix with its last character bumped
+        return i, bisect.bisect_left(keys, prefix[:-1] + chr(ord(prefix[-1]) + 1), i)
 
     async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
         await self.wait(keys, timeout)
@@ -428,14 +430,11 @@ class MemoryStore:
     async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
         self._check_open()
         self.stats.ops += 1
-        keys = self._sorted
-        i = bisect.bisect_left(keys, prefix)
-        out: dict[str, bytes] = {}
-        data = self._data
-        while i < len(keys) and keys[i].startswith(prefix):
-            out[keys[i]] = data[keys[i]]
-            i += 1
-        return self._revision, out
+        i, j = self._range(prefix)
+        # Performance: built in C (no Python loop per key): a 4,000-node rendezvous's
+        # arrivals past min_nodes each read every joiner's key (bench_rendezvous)
+        keys = self._sorted[i:j]
+        return self._revision, dict(zip(keys, map(self._data.__getitem__, keys), strict=True))
 
     def _changed_since(self, prefix: str, after: int) -> int | None:
         """The first revision after ``after`` that changed a key under ``prefix`` (None: none).

@@ -1001,7 +1001,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 # last one: torch clears the deadline then).  With min_nodes live joiners
                 # before it, one was armed already (running, or over).
                 _, live = await store.snapshot(mprefix)
-                before = sum(1 for k, v in live.items() if k != mprefix and _index(v) < n)
+                # Performance: counted in C (map, the cached _index, n.__gt__), not a
+                # generator per key: O(N) per arrival, O(N^2) a round (module doc)
+                before = sum(map(n.__gt__, map(_index, live.values())))
+                marker = live.get(mprefix)  # the end marker is no joiner
+                if marker is not None and _index(marker) < n:
+                    before -= 1
                 del live  # Performance: no N-key dict kept alive across the waits below
                 seen = before >= core.min_nodes
                 # (by index too: a joiner before it may not have written its key yet)
