@@ -267,7 +267,13 @@ class MemoryStore:
                 raise TimeoutError(f"key {key!r} was not set within {timeout:g}s") from None
 
     # -- the port ------------------------------------------------------------------
+    # Each operation that never waits has a synchronous twin, ``<op>_nowait``, which the
+    # port's coroutine runs: the simulator's store client calls it at the end of its round
+    # trip, without a coroutine per operation (sim/store.py).
     async def set(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
+        self.set_nowait(key, value, lease)
+
+    def set_nowait(self, key: str, value: bytes, lease: Lease | None = None) -> None:
         self._check_open()
         self.stats.ops += 1
         self._put(key, value, self._own(lease))
@@ -287,11 +293,17 @@ class MemoryStore:
         return self._data[key]
 
     async def try_get(self, key: str) -> bytes | None:
+        return self.try_get_nowait(key)
+
+    def try_get_nowait(self, key: str) -> bytes | None:
         self._check_open()
         self.stats.ops += 1
         return self._data.get(key)
 
     async def add(self, key: str, amount: int) -> int:
+        return self.add_nowait(key, amount)
+
+    def add_nowait(self, key: str, amount: int) -> int:
         self._check_open()
         self.stats.ops += 1
         cur = self._data.get(key)
@@ -307,6 +319,11 @@ class MemoryStore:
 
     async def compare_set(
         self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
+    ) -> bytes:
+        return self.compare_set_nowait(key, expected, desired, lease)
+
+    def compare_set_nowait(
+        self, key: str, expected: bytes | None, desired: bytes, lease: Lease | None = None
     ) -> bytes:
         self._check_open()
         self.stats.ops += 1
@@ -337,6 +354,9 @@ class MemoryStore:
                 ) from None
 
     async def delete(self, key: str) -> bool:
+        return self.delete_nowait(key)
+
+    def delete_nowait(self, key: str) -> bool:
         self._check_open()
         self.stats.ops += 1
         if key not in self._data:
@@ -354,6 +374,10 @@ class MemoryStore:
             old._keys.discard(key)
 
     async def delete_prefix(self, prefix: str) -> int:
+        """:meth:`delete_prefix_nowait`, as an operation of the port's kind."""
+        return self.delete_prefix_nowait(prefix)
+
+    def delete_prefix_nowait(self, prefix: str) -> int:
         """Delete every key under ``prefix`` as one mutation (one revision); how many.
 
         Not part of the Store port (etcd has it as a ranged delete, a TCP store has not):
@@ -374,6 +398,10 @@ class MemoryStore:
         return len(gone)
 
     async def count_prefix(self, prefix: str) -> tuple[int, int, bool]:
+        """:meth:`count_prefix_nowait`, as an operation of the port's kind."""
+        return self.count_prefix_nowait(prefix)
+
+    def count_prefix_nowait(self, prefix: str) -> tuple[int, int, bool]:
         """(current revision, how many keys are under ``prefix``, whether ``prefix`` itself
         is a key): what a caller that reads no value learns from :meth:`snapshot`, in
         O(log n) and without copying the keys.
@@ -407,6 +435,9 @@ class MemoryStore:
         return [self._data[k] for k in keys]
 
     async def multi_set(self, items: Mapping[str, bytes]) -> None:
+        self.multi_set_nowait(items)
+
+    def multi_set_nowait(self, items: Mapping[str, bytes]) -> None:
         self._check_open()
         self.stats.ops += 1
         for k, v in items.items():
@@ -428,6 +459,9 @@ class MemoryStore:
             del self._sorted[i]
 
     async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
+        return self.snapshot_nowait(prefix)
+
+    def snapshot_nowait(self, prefix: str) -> tuple[int, dict[str, bytes]]:
         self._check_open()
         self.stats.ops += 1
         i, j = self._range(prefix)

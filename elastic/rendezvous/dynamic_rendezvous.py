@@ -501,9 +501,22 @@ def _parse_state(raw: bytes) -> _State:
 class _RoundKeys:
     """Round ``r``'s keys under the control prefix ``c`` (see the module doc)."""
 
-    __slots__ = ("count", "dec", "ev", "lc", "m", "master", "own", "result", "round", "store")
+    __slots__ = (
+        "count",
+        "dec",
+        "ev",
+        "lc",
+        "m",
+        "master",
+        "number",
+        "own",
+        "result",
+        "round",
+        "store",
+    )
 
     def __init__(self, base: str, r: int) -> None:
+        self.number = r
         c = f"{base}/c/"
         self.round = f"{c}r{r}/"  # the round's prefix, ``r<r>/``
         self.m = self.round + "m/"  # the joiners', then the members', keys; the end marker
@@ -600,6 +613,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._base = f"elastic/rdzv/{settings.run_id}"
         self._c = f"{self._base}/c/"
         self._state_key = self._c + "state"
+        self._round_keys = _round_keys(self._base, 0)  # the last round's (see _keys)
         self._lease: Lease | None = None
         self._round: int | None = None
         self._members = _Members([])
@@ -615,6 +629,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # (set_member_info); None: its value is the bare index, and no round it joins
         # carries ranks
         self._member_tail: bytes | None = None
+        self._member_info: tuple[str, int] | None = None  # what _member_tail encodes
 
     @classmethod
     def from_backend(
@@ -704,7 +719,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return self._c + f"state/r{r}/{part}"
 
     def _keys(self, r: int) -> _RoundKeys:
-        return _round_keys(self._base, r)
+        keys = self._round_keys
+        if keys.number != r:
+            keys = self._round_keys = _round_keys(self._base, r)
+        return keys
 
     # -- torch's API ------------------------------------------------------------------
     @property
@@ -728,6 +746,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Publish ``role`` and ``local_world_size`` with each join from now on, so that
         the round's decider writes every member's rank block in the result (module doc)
         and :attr:`RendezvousInfo.assignment` carries this member's."""
+        if type(local_world_size) is int and self._member_info == (role, local_world_size):
+            return  # the agent tells it before every round: encoded once
         if not isinstance(role, str) or not role:
             raise ValueError(f"The role {role!r} must be a non-empty string.")
         if type(local_world_size) is not int or local_world_size <= 0:
@@ -738,6 +758,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if len(tail) + 20 > MAX_JOINER_BYTES:
             raise ValueError(f"The role {role[:40]!r}... is too long for the rendezvous.")
         self._member_tail = tail.encode()
+        self._member_info = (role, local_world_size)
 
     def get_run_id(self) -> str:
         return self._settings.run_id
