@@ -419,16 +419,23 @@ class MemoryStore:
     def _range(self, prefix: str) -> tuple[int, int]:
         """The keys under ``prefix`` are ``self._sorted[i:j]``: two bisections."""
         keys = self._sorted
-        i = bisect.bisect_left(keys, prefix)
+        n = len(keys)
         if not prefix:
-            return i, len(keys)
+            return 0, n
+        i = j = bisect.bisect_left(keys, prefix)
+        # Performance: most prefixes read hold a key or two (a round's own keys, its wait
+        # list): stepped over; a longer run (a round's members) is bisected
+        stop = min(i + 4, n)
+        while j < stop and keys[j].startswith(prefix):
+            j += 1
+        if j < stop or j == n:
+            return i, j
         if prefix[-1] == "\U0010ffff":  # no successor: scan (never a rendezvous prefix)
-            j = i
-            while j < len(keys) and keys[j].startswith(prefix):
+            while j < n and keys[j].startswith(prefix):
                 j += 1
             return i, j
         # every key under prefix sorts before prefix with its last character bumped
-        return i, bisect.bisect_left(keys, prefix[:-1] + chr(ord(prefix[-1]) + 1), i)
+        return i, bisect.bisect_left(keys, prefix[:-1] + chr(ord(prefix[-1]) + 1), j)
 
     async def multi_get(self, keys: Sequence[str], timeout: float | None = None) -> list[bytes]:
         await self.wait(keys, timeout)

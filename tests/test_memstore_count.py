@@ -11,7 +11,10 @@ from elastic.memstore import MemoryStore
 from sim.clock import SimClock
 from sim.store import SimStoreHost
 
-_KEYS = ["a", "a/", "a/1", "a/b/2", "a/b/", "a0", "b", "c/\U0010ffff", "c/\U0010ffffx", "é/1"]
+# more than four keys under some prefixes (a range that long is bisected, not stepped over),
+# under one ending in the last code point too (it has no successor to bisect to)
+_KEYS = ["a", "a/", "a/1", "a/b/2", "a/b/", "a0", "b", "é/1"]
+_KEYS += ["c/\U0010ffff", *(f"c/\U0010ffff{i}" for i in range(6)), "c/\U0010ffffx"]
 _PREFIXES = ["", "a", "a/", "a/b/", "a/b/2", "b", "c/", "c/\U0010ffff", "é/", "zz", "\U0010ffff"]
 
 
