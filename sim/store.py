@@ -240,7 +240,7 @@ class SimStoreClient:
             await self._link()
         return result
 
-    async def _now(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _call_nowait(self, fn: Callable[..., T], *args: Any) -> T:
         """:meth:`_call` for an operation that never waits at the store (``fn``: the
         store's ``<op>_nowait``): the same round trip and link checks, with the operation
         called instead of awaited (no coroutine per operation: ~80 ns each, and most of a
@@ -270,31 +270,33 @@ class SimStoreClient:
     def set(
         self, key: str, value: bytes, *, lease: Lease | None = None
     ) -> Coroutine[Any, Any, None]:
-        return self._now(self.host.store.set_nowait, key, value, _inner(lease))
+        return self._call_nowait(self.host.store.set_nowait, key, value, _inner(lease))
 
     def get(self, key: str, timeout: float | None = None) -> Coroutine[Any, Any, bytes]:
         return self._call(self.host.store.get, key, timeout)
 
     def try_get(self, key: str) -> Coroutine[Any, Any, bytes | None]:
-        return self._now(self.host.store.try_get_nowait, key)
+        return self._call_nowait(self.host.store.try_get_nowait, key)
 
     def add(self, key: str, amount: int) -> Coroutine[Any, Any, int]:
-        return self._now(self.host.store.add_nowait, key, amount)
+        return self._call_nowait(self.host.store.add_nowait, key, amount)
 
     def compare_set(
         self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
     ) -> Coroutine[Any, Any, bytes]:
-        return self._now(self.host.store.compare_set_nowait, key, expected, desired, _inner(lease))
+        return self._call_nowait(
+            self.host.store.compare_set_nowait, key, expected, desired, _inner(lease)
+        )
 
     def wait(self, keys: Sequence[str], timeout: float | None = None) -> Coroutine[Any, Any, None]:
         return self._call(self.host.store.wait, keys, timeout)
 
     def delete(self, key: str) -> Coroutine[Any, Any, bool]:
-        return self._now(self.host.store.delete_nowait, key)
+        return self._call_nowait(self.host.store.delete_nowait, key)
 
     def delete_prefix(self, prefix: str) -> Coroutine[Any, Any, int]:
         """The host store's one-operation prefix delete (see MemoryStore.delete_prefix)."""
-        return self._now(self.host.store.delete_prefix_nowait, prefix)
+        return self._call_nowait(self.host.store.delete_prefix_nowait, prefix)
 
     def multi_get(
         self, keys: Sequence[str], timeout: float | None = None
@@ -302,7 +304,7 @@ class SimStoreClient:
         return self._call(self.host.store.multi_get, keys, timeout)
 
     def multi_set(self, items: Mapping[str, bytes]) -> Coroutine[Any, Any, None]:
-        return self._now(self.host.store.multi_set_nowait, items)
+        return self._call_nowait(self.host.store.multi_set_nowait, items)
 
     async def grant_lease(self, ttl: float) -> Lease:
         async def grant() -> Lease:
@@ -318,11 +320,11 @@ class SimStoreClient:
         return lease
 
     def snapshot(self, prefix: str) -> Coroutine[Any, Any, tuple[int, dict[str, bytes]]]:
-        return self._now(self.host.store.snapshot_nowait, prefix)
+        return self._call_nowait(self.host.store.snapshot_nowait, prefix)
 
     def count_prefix(self, prefix: str) -> Coroutine[Any, Any, tuple[int, int, bool]]:
         """The host store's key count under a prefix (see MemoryStore.count_prefix)."""
-        return self._now(self.host.store.count_prefix_nowait, prefix)
+        return self._call_nowait(self.host.store.count_prefix_nowait, prefix)
 
     def watch(
         self, prefix: str, after: int, timeout: float | None = None
