@@ -333,3 +333,17 @@ def test_without_member_info_the_same_job_exchanges_ranks_through_the_store(
     )
     touched, _ = _run_64(monkeypatch)
     assert len([k for k in touched if "torchelastic/role_info/" in k]) >= 2 * 64
+
+
+def test_member_info_told_again_is_kept_and_a_bad_one_is_still_refused() -> None:
+    # the agent tells the handler before every round; the same info is encoded once
+    clock = SimClock()
+    (h,) = _handlers(clock, MemoryStore(clock), 1, 1, 1)
+    h.set_member_info("trainer", 8)
+    tail = h._member_tail
+    h.set_member_info("trainer", 8)
+    assert h._member_tail is tail and h._joiner_value(3) == b'[3,"trainer",8]'
+    with pytest.raises(ValueError, match="local world size"):
+        h.set_member_info("trainer", True)  # equal to 1, but no int
+    h.set_member_info("ps", 2)
+    assert h._joiner_value(None) == b'[0,"ps",2]'

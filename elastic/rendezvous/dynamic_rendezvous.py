@@ -498,6 +498,50 @@ def _parse_state(raw: bytes) -> _State:
     return st
 
 
+class _RoundKeys:
+    """Round ``r``'s keys under the control prefix ``c`` (see the module doc)."""
+
+    __slots__ = (
+        "count",
+        "dec",
+        "ev",
+        "lc",
+        "m",
+        "master",
+        "number",
+        "own",
+        "result",
+        "round",
+        "store",
+    )
+
+    def __init__(self, base: str, r: int) -> None:
+        self.number = r
+        c = f"{base}/c/"
+        self.round = f"{c}r{r}/"  # the round's prefix, ``r<r>/``
+        self.m = self.round + "m/"  # the joiners', then the members', keys; the end marker
+        self.ev = self.round + "ev/"  # the wait list, and a copy of the end marker
+        self.count = self.round + "count"
+        self.own = f"{c}state/r{r}/"  # the round's own keys, under the state key's prefix
+        self.result = self.own + "result"
+        self.lc = self.own + "lc"
+        self.dec = self.own + "dec"
+        # the round's store (a PrefixStore's prefix) and rank 0's address in it
+        self.store = f"{base}/s/{r}/"
+        self.master = [
+            self.store + RendezvousStoreInfo.MASTER_ADDR_KEY,
+            self.store + RendezvousStoreInfo.MASTER_PORT_KEY,
+        ]
+
+
+# Performance: every member of a round used to build each of these a few times a round
+# (12 f-strings per member per round); they are the same strings for every node of the
+# run, built once a round here (the current round's and the last one's suffice).
+@functools.lru_cache(maxsize=4)
+def _round_keys(base: str, r: int) -> _RoundKeys:
+    return _RoundKeys(base, r)
+
+
 class DynamicRendezvousHandler(RendezvousHandler):
     """torch's ``DynamicRendezvousHandler`` over the store and clock ports.
 
@@ -568,6 +612,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         )
         self._base = f"elastic/rdzv/{settings.run_id}"
         self._c = f"{self._base}/c/"
+        self._state_key = self._c + "state"
+        self._round_keys = _round_keys(self._base, 0)  # the last round's (see _keys)
         self._lease: Lease | None = None
         self._round: int | None = None
         self._members = _Members([])
@@ -583,6 +629,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # (set_member_info); None: its value is the bare index, and no round it joins
         # carries ranks
         self._member_tail: bytes | None = None
+        self._member_info: tuple[str, int] | None = None  # what _member_tail encodes
 
     @classmethod
     def from_backend(
@@ -671,6 +718,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Round ``r``'s ``result`` or ``next`` key, under the state key's prefix."""
         return self._c + f"state/r{r}/{part}"
 
+    def _keys(self, r: int) -> _RoundKeys:
+        keys = self._round_keys
+        if keys.number != r:
+            keys = self._round_keys = _round_keys(self._base, r)
+        return keys
+
     # -- torch's API ------------------------------------------------------------------
     @property
     def settings(self) -> RendezvousSettings:
@@ -693,6 +746,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Publish ``role`` and ``local_world_size`` with each join from now on, so that
         the round's decider writes every member's rank block in the result (module doc)
         and :attr:`RendezvousInfo.assignment` carries this member's."""
+        if type(local_world_size) is int and self._member_info == (role, local_world_size):
+            return  # the agent tells it before every round: encoded once
         if not isinstance(role, str) or not role:
             raise ValueError(f"The role {role!r} must be a non-empty string.")
         if type(local_world_size) is not int or local_world_size <= 0:
@@ -703,6 +758,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if len(tail) + 20 > MAX_JOINER_BYTES:
             raise ValueError(f"The role {role[:40]!r}... is too long for the rendezvous.")
         self._member_tail = tail.encode()
+        self._member_info = (role, local_world_size)
 
     def get_run_id(self) -> str:
         return self._settings.run_id
@@ -724,8 +780,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             r = st.round
             # the round's own keys (result, last call, claim): O(1) keys, and the revision
             # from which a joiner waits for them
-            rev, snap = await store.snapshot(self._ek(r, ""))
-            raw = snap.get(self._ek(r, "result"))
+            keys = self._keys(r)
+            rev, snap = await store.snapshot(keys.own)
+            raw = snap.get(keys.result)
             members: _Members | None
             if raw is None:
                 members = await self._join_open_round(r, deadline, rev, snap)
@@ -819,8 +876,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         wake costs one read: ``r<r>/ev/`` holds the wait list and a copy of the end marker.
         """
         store = self._store
-        mkey, ev = self._rk(r, "m/"), self._rk(r, "ev/")
-        prefix = self._rk(r, "") if waiting_ends else mkey
+        rk = self._keys(r)
+        mkey, ev = rk.m, rk.ev
+        prefix = rk.round if waiting_ends else mkey
         clean = self._clean[1] if self._clean[0] == r else None
         woke = False
         while True:
@@ -850,7 +908,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def _end_closed(self, r: int, raw: bytes) -> bool:
         """Whether round ``r``'s end marker says the rendezvous was closed."""
-        return _load(self._rk(r, "ev/"), raw).get("closed") is True
+        return _load(self._keys(r).ev, raw).get("closed") is True
 
     async def is_closed_async(self) -> bool:
         _, st = await self._read_state()
@@ -898,7 +956,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         )
 
     async def _read_state(self) -> tuple[bytes, _State]:
-        key = self._k("state")
+        key = self._state_key
         raw = await self._store.try_get(key)
         if raw is None:
             raw = await self._store.compare_set(
@@ -910,7 +968,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         try:
             return _parse_state(raw)
         except _Corrupt as e:
-            raise _corrupt(self._k("state"), str(e)) from None
+            raise _corrupt(self._state_key, str(e)) from None
 
     def _decode_result(self, r: int, raw: bytes) -> _Members | None:
         """The members of round ``r`` in rank order, or ``None`` if it was closed."""
@@ -946,9 +1004,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         live joiners before it).
         """
         clock, store, core = self._clock, self._store, self._core
-        mprefix = self._rk(r, "m/")
-        state_key, result_key = self._k("state"), self._ek(r, "result")
-        lc_key, dec_key = self._ek(r, "lc"), self._ek(r, "dec")
+        keys = self._keys(r)
+        mprefix = keys.m
+        state_key, result_key = self._state_key, keys.result
+        lc_key, dec_key = keys.lc, keys.dec
         self._redundant = False  # a spare that joins a round is a joiner (torch)
         seen = False  # a last call of this round was started (it runs, or it ended)
         my_call: float | None = None  # the end of the last call this node started
@@ -956,14 +1015,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # the arrival that brings the live joiners to max_nodes decides at once, once
         direct = False
         if core.min_nodes < core.max_nodes:
-            n = await store.add(self._rk(r, "count"), 1)
+            n = await store.add(keys.count, 1)
             if core.min_nodes <= n:
                 # Does this arrival bring the live joiners to min_nodes?  Then it arms the
                 # round's last call (again, if the count dropped below min_nodes since the
                 # last one: torch clears the deadline then).  With min_nodes live joiners
                 # before it, one was armed already (running, or over).
                 _, live = await store.snapshot(mprefix)
-                before = sum(1 for k, v in live.items() if k != mprefix and _index(v) < n)
+                # Performance: counted in C (map, the cached _index, n.__gt__), not a
+                # generator per key: O(N) per arrival, O(N^2) a round (module doc)
+                before = sum(map(n.__gt__, map(_index, live.values())))
+                marker = live.get(mprefix)  # the end marker is no joiner
+                if marker is not None and _index(marker) < n:
+                    before -= 1
                 del live  # Performance: no N-key dict kept alive across the waits below
                 seen = before >= core.min_nodes
                 # (by index too: a joiner before it may not have written its key yet)
@@ -975,14 +1039,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
             await store.set(mprefix + self._node, self._joiner_value(n), lease=self._lease)
         else:  # no last call: the max_nodes-th arrival decides
             await store.set(mprefix + self._node, self._joiner_value(None), lease=self._lease)
-            n = await store.add(self._rk(r, "count"), 1)
+            n = await store.add(keys.count, 1)
             direct = n == core.max_nodes
             if n > core.max_nodes:
                 # past max_nodes only if joiners died (or the round is decided already):
                 # does this arrival bring the live ones back to max_nodes?
-                _, live = await store.snapshot(mprefix)
-                direct = len(live.keys() - {mprefix}) == core.max_nodes
-                del live
+                _, count, marked = await _count_under(store, mprefix)
+                direct = count - marked == core.max_nodes
         logger.info(
             "The node '%s' added itself to the participants of round %s of the rendezvous "
             "'%s'. Pending sync.",
@@ -991,7 +1054,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._settings.run_id,
         )
         seen_claim = False  # a decision was due (a claim existed): take over if it goes
-        round_prefix = self._ek(r, "")
+        round_prefix = keys.own
         # Performance: without a last call, a joiner that does not decide at once needs no
         # read after joining: the one before it (``rev``, ``snap``: the round's keys) is as
         # good, since nothing this node did since is under them; its wait starts from it.
@@ -999,11 +1062,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         last: dict[str, bytes] | None = None
         while True:
             if clock.now() >= deadline:
-                _, live = await store.snapshot(mprefix)
+                _, count, marked = await _count_under(store, mprefix)
                 await store.delete(mprefix + self._node)
                 if await store.try_get(dec_key) == token:
                     await store.delete(dec_key)
-                raise self._timeout_error(r, len(live.keys() - {mprefix}))
+                raise self._timeout_error(r, count - marked)
             if fresh:
                 rev, snap = await store.snapshot(round_prefix)
                 if snap == last:
@@ -1060,7 +1123,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 if left_out:
                     await self._delete_all([mprefix + node for node in left_out])
                     # the members watch from after these deletes
-                    rev, _ = await store.snapshot(self._rk(r, "ev/"))
+                    rev, _ = await store.snapshot(keys.ev)
                 decided: dict[str, Any] = {
                     "version": _VERSION,
                     "round": r,
@@ -1179,7 +1242,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._member_state = raw_state
         if members.clean is not None:
             self._clean = (r, members.clean)
-        store = PrefixStore(self._round_store, f"{self._base}/s/{r}/")
+        keys = self._keys(r)
+        store = PrefixStore(self._round_store, keys.store)
         port = 0
         if rank == 0:
             port = self._master_port or (
@@ -1200,7 +1264,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 store,
                 rank,
                 len(members),
-                await RendezvousStoreInfo.build_async(rank, store, self._addr, port, 0.0),
+                await self._master_info(rank, keys, port, 0.0),
                 round=r,
                 assignment=members.assignment(rank),
             )
@@ -1214,7 +1278,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._round_watch_body(r, members), name="rdzv-round-watch"
         )
         build = clock.spawn(
-            RendezvousStoreInfo.build_async(rank, store, self._addr, port, wait),
+            self._master_info(rank, keys, port, wait),
             name="rdzv-master-addr",
         )
         # Rank 0 may be dead already (its lease outlived it while the round was decided):
@@ -1253,6 +1317,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
             store, rank, len(members), info, round=r, assignment=members.assignment(rank)
         )
 
+    async def _master_info(
+        self, rank: int, keys: _RoundKeys, port: int, timeout: float
+    ) -> RendezvousStoreInfo:
+        """:meth:`RendezvousStoreInfo.build_async` in round ``keys``' store: rank 0
+        publishes its address and ``port``, every member reads them back.  The same
+        operations, on the round store's own keys, built once a round (not a
+        :class:`PrefixStore`'s per call: every member of every round runs this)."""
+        store = self._round_store
+        addr_key, port_key = keys.master
+        if rank == 0:
+            await store.multi_set({addr_key: self._addr.encode(), port_key: str(port).encode()})
+        addr, raw_port = await store.multi_get(keys.master, timeout)
+        return RendezvousStoreInfo(addr.decode(), int(raw_port.decode()))
+
     async def _park(self, r: int, members: tuple[str, ...], deadline: float) -> float:
         """Wait, on the wait or redundancy list of complete round ``r``, for it to end."""
         role = arrival_role(len(members), self._core)
@@ -1289,7 +1367,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         came), then one watch of it: O(1) wake-ups per round.
         """
         clock, store = self._clock, self._store
-        state_key, mkey = self._k("state"), self._rk(r, "m/")
+        state_key, mkey = self._state_key, self._keys(r).m
         end = None if timeout is None else clock.now() + timeout
         clean: int | None = None
         woke = False
@@ -1301,12 +1379,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 if st.closed or st.round != r:
                     return
             if clean is None:
-                # the members' keys, once: are they all there?  (+1: the end marker)
-                clean, keys = await store.snapshot(mkey)
-                if mkey in keys:
+                # the members' keys, once: are they all there?  (counted, not copied)
+                clean, count, ended = await _count_under(store, mkey)
+                if ended:
                     return
-                woke = len(keys) < size
-                del keys  # Performance: not kept alive while this node waits (hours)
+                woke = count < size
             elif await store.try_get(mkey) is not None:
                 return
             if woke and raw is not None:
@@ -1330,7 +1407,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         desired = (
             f'{{"by":{self._by},"closed":false,"round":{r + 1},"version":{_VERSION}}}'.encode()
         )
-        now = await self._store.compare_set(self._k("state"), raw_state, desired)
+        now = await self._store.compare_set(self._state_key, raw_state, desired)
         if now != desired:
             return now
         await self._end_round(r, desired)
@@ -1374,7 +1451,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Write round ``r``'s end marker, as one revision: under the members' keys (what
         members and parked nodes watch) and on the wait list's prefix (so a member's one
         read after a wake, of ``r<r>/ev/``, finds both the marker and the wait list)."""
-        await self._store.multi_set({self._rk(r, "m/"): marker, self._rk(r, "ev/"): marker})
+        keys = self._keys(r)
+        await self._store.multi_set({keys.m: marker, keys.ev: marker})
 
     def _raise_closed(self) -> None:
         if self._redundant:
@@ -1394,6 +1472,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
             f"'{self.get_run_id()}' after join_timeout={self._core.join_timeout:g}s{joined}; "
             "start more nodes or raise join_timeout in --rdzv-conf."
         )
+
+
+async def _count_under(store: Store, prefix: str) -> tuple[int, int, bool]:
+    """(revision, how many keys are under ``prefix``, whether ``prefix`` itself is one):
+    in one operation that copies nothing where the store can (``count_prefix``: the
+    in-memory store and the simulator's client), else from a snapshot."""
+    count = getattr(store, "count_prefix", None)
+    if count is not None:
+        rev, n, marked = await count(prefix)
+        return rev, n, marked
+    rev, keys = await store.snapshot(prefix)
+    return rev, len(keys), prefix in keys
 
 
 async def _delete_under(store: Store, prefix: str) -> None:
