@@ -33,7 +33,7 @@ from simpy.events import Event
 
 from elastic.clock import OneShot
 from elastic.events import AgentEvent, EventSink
-from elastic.workers import ExitCause, WorkerExit, WorkerLaunch
+from elastic.workers import ExitCause, GroupLaunch, WorkerExit, WorkerLaunch
 from sim.clock import SimClock
 from sim.scenario.model import Job
 
@@ -57,15 +57,15 @@ class SimWorker:
 
     __slots__ = ("global_rank", "group", "local_rank", "node", "pid", "state", "world")
 
-    def __init__(self, group: SimGroup, launch: WorkerLaunch, pid: int) -> None:
+    def __init__(self, group: SimGroup, local_rank: int, global_rank: int, pid: int) -> None:
         # the group while the worker runs; None once it exited, so that a finished group
         # and its workers hold no reference cycle and are freed when the agent drops the
         # group, not at the collector's next full pass (with the collector tuned for
         # speed, dead groups piled up: +15 % peak memory at 2,048 nodes)
         self.group: SimGroup | None = group
         self.node = group.node
-        self.local_rank = launch.local_rank
-        self.global_rank = launch.global_rank
+        self.local_rank = local_rank
+        self.global_rank = global_rank
         self.pid = pid
         self.state = WState.STARTING
         self.world: World | None = None
@@ -346,7 +346,17 @@ class SimGroup:
     one group per node is alive, and at 2,048 nodes each extra container is a MiB.)
     """
 
-    def __init__(self, port: SimWorkers, launches: Sequence[WorkerLaunch]) -> None:
+    def __init__(
+        self,
+        port: SimWorkers,
+        local_ranks: Sequence[int],
+        global_ranks: Sequence[int],
+        world_size: int,
+        round_: int,
+    ) -> None:
+        """The workers of ``local_ranks`` (with ``global_ranks``) joining the world of
+        round ``round_`` and size ``world_size`` (:meth:`SimWorkers.start` and
+        :meth:`SimWorkers.start_group` read them from the launches)."""
         self.port = port
         self.node = port.node
         t = port.training
@@ -355,12 +365,11 @@ class SimGroup:
         self._seen_at: list[float] = []  # when the agent may see each exit
         self._returned = 0
         self._waiter: OneShot | None = None
-        size = int(launches[0].env.get("WORLD_SIZE", "0")) if launches else 0
-        world = t.world_for(launches[0].round if launches else 0, size)
-        pid = t.next_pids(len(launches))
+        world = t.world_for(round_, world_size)
+        pid = t.next_pids(len(local_ranks))
         workers = self.workers
-        for i, ln in enumerate(launches):
-            workers[ln.local_rank] = SimWorker(self, ln, pid + i)
+        for i, (lr, gr) in enumerate(zip(local_ranks, global_ranks, strict=True)):
+            workers[lr] = SimWorker(self, lr, gr, pid + i)
         world.join_all(workers.values())
         self.world = world
         ev = t.clock.env.timeout(t.model.startup_time)
@@ -536,5 +545,22 @@ class SimWorkers:
         self.group: SimGroup | None = None
 
     async def start(self, launches: Sequence[WorkerLaunch]) -> SimGroup:
-        self.group = SimGroup(self, launches)
+        size = int(launches[0].env.get("WORLD_SIZE", "0")) if launches else 0
+        self.group = SimGroup(
+            self,
+            [ln.local_rank for ln in launches],
+            [ln.global_rank for ln in launches],
+            size,
+            launches[0].round if launches else 0,
+        )
+        return self.group
+
+    async def start_group(self, group: GroupLaunch) -> SimGroup:
+        """As ``start(group.launches())``, without making the launches: a worker model
+        reads only its ranks, the world's size (the first worker's ``WORLD_SIZE``) and
+        the round."""
+        sizes = group.world_sizes
+        self.group = SimGroup(
+            self, group.local_ranks, group.global_ranks, sizes[0] if sizes else 0, group.round
+        )
         return self.group

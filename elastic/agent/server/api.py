@@ -61,7 +61,15 @@ from elastic.rendezvous.api import (
     RendezvousInfo,
 )
 from elastic.store import Store
-from elastic.workers import ExitCause, RunningGroup, WorkerExit, WorkerLaunch, WorkersPort
+from elastic.workers import (
+    ExitCause,
+    GroupLaunch,
+    RunningGroup,
+    WorkerExit,
+    WorkerLaunch,
+    WorkersPort,
+)
+from elastic.workers import worker_env as _env_from_base
 
 __all__ = [
     "DEFAULT_ROLE",
@@ -784,13 +792,15 @@ class SimpleElasticAgent(ElasticAgent):
 
     def _env_of(self, base: dict[str, str], wg: WorkerGroup, worker: Worker) -> dict[str, str]:
         """One worker's environment: a copy of the group's ``base`` with its own ranks."""
-        env = base.copy()
-        if not wg.spec.virtual_local_rank:
-            env["LOCAL_RANK"] = str(worker.local_rank)
-        env["RANK"] = str(worker.global_rank)
-        env["ROLE_RANK"] = str(worker.role_rank)
-        env["WORLD_SIZE"] = str(worker.world_size)
-        env["ROLE_WORLD_SIZE"] = str(worker.role_world_size)
+        env = _env_from_base(
+            base,
+            worker.local_rank,
+            worker.global_rank,
+            worker.role_rank,
+            worker.world_size,
+            worker.role_world_size,
+            wg.spec.virtual_local_rank,
+        )
         for hook in self._env_hooks:
             hook(wg, worker, env)
         return env
@@ -809,6 +819,17 @@ class SimpleElasticAgent(ElasticAgent):
         base = self._env_base(wg)
         return [self._env_of(base, wg, w) for w in wg.workers]
 
+    def _envs_are_own(self) -> bool:
+        """True when every worker's environment is this class's own (no env hook, no
+        override of how it is made): then a group's launches may go as one record."""
+        cls = type(self)
+        return (
+            not self._env_hooks
+            and cls.worker_env is SimpleElasticAgent.worker_env
+            and cls._worker_envs is SimpleElasticAgent._worker_envs
+            and cls._env_of is SimpleElasticAgent._env_of
+        )
+
     def _worker_args(self, spec: WorkerSpec, local_rank: int) -> tuple[Any, ...]:
         """``spec.args`` with ``${local_rank}`` replaced in every string argument."""
         return tuple(
@@ -820,46 +841,72 @@ class SimpleElasticAgent(ElasticAgent):
         spec = wg.spec
         entrypoint: Any = spec.entrypoint
         attempt, round_ = self._attempt, self._round
+        workers = wg.workers
         # the arguments are the same for every worker unless one names its local rank
         shared: tuple[Any, ...] | None = None
         if not any(isinstance(a, str) and "${local_rank}" in a for a in spec.args):
             shared = tuple(str(a) if isinstance(a, str) else a for a in spec.args)
-        launches = [
-            WorkerLaunch(
-                w.local_rank,
-                w.global_rank,
-                env,
-                entrypoint,
-                shared if shared is not None else self._worker_args(spec, w.local_rank),
-                attempt,
-                round_,
+        # the columns of the group: its launch record and its workers' START events
+        local_ranks = [w.local_rank for w in workers]
+        global_ranks = [w.global_rank for w in workers]
+        role_ranks = [w.role_rank for w in workers]
+        world_sizes = [w.world_size for w in workers]
+        port = self.workers_port
+        start_group = getattr(port, "start_group", None)
+        if start_group is not None and shared is not None and self._envs_are_own():
+            # one record for the group (elastic.workers.GroupLaunch): each worker's
+            # environment is made from it only if the port asks for the launches
+            self._group = await start_group(
+                GroupLaunch(
+                    self._env_base(wg),
+                    local_ranks,
+                    global_ranks,
+                    role_ranks,
+                    world_sizes,
+                    [w.role_world_size for w in workers],
+                    spec.virtual_local_rank,
+                    entrypoint,
+                    shared,
+                    attempt,
+                    round_,
+                )
             )
-            for w, env in zip(wg.workers, self._worker_envs(wg), strict=True)
-        ]
-        self._group = await self.workers_port.start(launches)
+        else:
+            launches = [
+                WorkerLaunch(
+                    w.local_rank,
+                    w.global_rank,
+                    env,
+                    entrypoint,
+                    shared if shared is not None else self._worker_args(spec, w.local_rank),
+                    attempt,
+                    round_,
+                )
+                for w, env in zip(workers, self._worker_envs(wg), strict=True)
+            ]
+            self._group = await port.start(launches)
         pids = self._group.pids()
         group_rank = wg.group_rank
         take = self._group_sink()
         if take is not None:
-            workers = wg.workers
             for w in workers:
                 w.id = pids.get(w.local_rank)
             self._emit_group(
                 take,
                 kinds.WORKER_START,
-                [w.global_rank for w in workers],
+                global_ranks,
                 _START_KEYS,
                 {"group_rank": group_rank, "attempt": attempt},
                 {
-                    "local_rank": [w.local_rank for w in workers],
-                    "role_rank": [w.role_rank for w in workers],
-                    "world_size": [w.world_size for w in workers],
+                    "local_rank": local_ranks,
+                    "role_rank": role_ranks,
+                    "world_size": world_sizes,
                     "worker_pid": [w.id for w in workers],
                 },
             )
         else:
             emit = self._emit_fields
-            for w in wg.workers:
+            for w in workers:
                 w.id = pids.get(w.local_rank)
                 emit(
                     kinds.WORKER_START,
@@ -880,7 +927,7 @@ class SimpleElasticAgent(ElasticAgent):
             group_rank=group_rank,
             group_world_size=wg.group_world_size,
             world_size=wg.workers[0].world_size if wg.workers else 0,
-            ranks=[w.global_rank for w in wg.workers],
+            ranks=list(global_ranks),
             restart_count=self.restart_count,
         )
 
