@@ -426,7 +426,7 @@ class SimpleElasticAgent(ElasticAgent):
         now = (clock if clock is not None else self.clock).now()
         self.last_event_time = now
         role = self._worker_group.spec.role
-        take(WorkerEvents(now, self._node, kind, role, ranks, keys, shared, columns))
+        take(WorkerEvents.unchecked(now, self._node, kind, role, ranks, keys, shared, columns))
 
     # -- the synchronous API (real mode) ------------------------------------------------
     def run(self, role: str = DEFAULT_ROLE) -> RunResult | None:
