@@ -25,6 +25,7 @@ __all__ = [
     "ExitCause",
     "GroupLaunch",
     "GroupWorkersPort",
+    "ListenedGroup",
     "RunningGroup",
     "WorkerExit",
     "WorkerLaunch",
@@ -327,6 +328,25 @@ class RunningGroup(Protocol):
         Returns the exits the stop caused; they are queued for ``next_exit`` too, so
         after a stop ``next_exit`` returns at once for every exit not yet taken.
         """
+        ...
+
+
+class ListenedGroup(RunningGroup, Protocol):
+    """A running group whose exits can also be taken without a task waiting for them.
+
+    ``take_exit()`` returns at once what ``next_exit()`` would return without waiting (the
+    next exit not yet returned, if the agent may see it now), else ``None``.
+    ``listen(fn)`` calls ``fn()`` once, at the moment a ``next_exit()`` that started
+    waiting now would resume, and returns a function that cancels the call (harmless
+    after it).  The agent then takes the exits in ``fn``: one task fewer per group.
+    """
+
+    def take_exit(self) -> WorkerExit | None:
+        """The next exit not yet returned, if it can be seen now; else ``None``."""
+        ...
+
+    def listen(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn()`` when a waiting ``next_exit()`` would resume; return a canceller."""
         ...
 
 

@@ -494,6 +494,34 @@ class SimGroup:
         self._returned += 1
         return ex
 
+    def take_exit(self) -> WorkerExit | None:
+        """What ``next_exit`` returns without waiting, else ``None`` (ListenedGroup)."""
+        i = self._returned
+        if i >= len(self._exits) or self._seen_at[i] > self.port.training.clock.now():
+            return None
+        self._returned = i + 1
+        return self._exits[i]
+
+    def listen(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn()`` where a ``next_exit`` waiting now would resume: as a callback of
+        the same wake-up event, in the place its task's resumption had (ListenedGroup)."""
+        clock = self.port.training.clock
+        if self._waiter is None:
+            self._waiter = clock.event()
+        callbacks = clock.event_of(self._waiter).callbacks
+        assert callbacks is not None  # a waiter is dropped when it fires
+
+        def call(_: Event) -> None:
+            fn()
+
+        callbacks.append(call)
+
+        def cancel() -> None:
+            if call in callbacks:
+                callbacks.remove(call)
+
+        return cancel
+
     def signal(self, sig: int, local_rank: int | None = None) -> None:
         targets = (
             [self.workers[local_rank]] if local_rank is not None else list(self.workers.values())

@@ -49,7 +49,7 @@ from elastic.agent.server._decide import (
     decide,
     settled,
 )
-from elastic.clock import Cancelled, Clock, Task
+from elastic.clock import Cancelled, Clock, OneShot, Task, Waitable
 from elastic.errors import ElasticError
 from elastic.events import AgentEvent, EventSink, NullSink, WorkerEvents, kinds
 from elastic.metrics.core import AgentMetrics, MetricHandler, NullMetricHandler
@@ -551,8 +551,23 @@ class SimpleElasticAgent(ElasticAgent):
     async def _wait_first(self, wg: WorkerGroup, group: RunningGroup) -> Outcome:
         """Wait, event-driven, for the group outcome, a membership change or a health verdict."""
         clock = self.clock
+        listen = getattr(group, "listen", None)
+        take = getattr(group, "take_exit", None)
+        taker: _ExitTaker | None = None
+        outcome_task: Task[Outcome] | None = None
+        first: Waitable
+        if listen is not None and take is not None and self._outcome_is_own():
+            # the group's exits are taken where a task waiting for them would have
+            # resumed (ListenedGroup), instead of by a task spawned and, when the
+            # membership or a health watch wins (three times in four), cancelled
+            exits: dict[int, WorkerExit] = {}
+            self._seen_exits = exits
+            taker = _ExitTaker(self, take, listen, exits, wg.workers, clock.event())
+            taker()
+            first = taker.done
+        else:
+            first = outcome_task = clock.spawn(self._group_outcome(wg, group), name="group-outcome")
         tasks: list[Task[Any]] = [
-            clock.spawn(self._group_outcome(wg, group), name="group-outcome"),
             self._membership_watch
             or clock.spawn(wg.spec.rdzv_handler.watch_async(), name="membership-watch"),
         ]
@@ -562,32 +577,55 @@ class SimpleElasticAgent(ElasticAgent):
             for i, h in enumerate(self._health_watches)
         ]
         try:
-            idx, value = await clock.first(*tasks)
+            idx, value = await clock.first(first, *tasks)
         finally:
+            if taker is not None:
+                taker.stop()
+            elif outcome_task is not None:
+                outcome_task.cancel()
             for t in tasks:
                 t.cancel()
         if idx == 0:
+            if type(value) is _Raised:
+                raise value.error
             outcome: Outcome = value
             return outcome
         if idx == 1:
             return Outcome.membership(str(value))
         return Outcome.health(str(value))
 
+    def _outcome_is_own(self) -> bool:
+        """True while how the group's exits are taken is this class's own."""
+        cls = type(self)
+        return (
+            cls._group_outcome is SimpleElasticAgent._group_outcome
+            and cls._took is SimpleElasticAgent._took
+        )
+
     async def _group_outcome(self, wg: WorkerGroup, group: RunningGroup) -> Outcome:
         """Every exit of the group until they settle it (a failure, or all exited)."""
         exits: dict[int, WorkerExit] = {}
         self._seen_exits = exits
         by_local = {w.local_rank: w for w in wg.workers}
+        size = len(wg.workers)
         while True:
-            ex = await group.next_exit()
-            exits[ex.local_rank] = ex
-            if ex.failed:
-                self._emit_failed(by_local[ex.local_rank], ex)
-            seen = tuple(exits.values())
-            if settled(seen, len(wg.workers)):
-                # the exits themselves: a restart discards them, and only the result
-                # returned gets the failure records (see _with_failure_records)
-                return Outcome.of_exits(seen, len(wg.workers))
+            outcome = self._took(await group.next_exit(), exits, by_local, size)
+            if outcome is not None:
+                return outcome
+
+    def _took(
+        self, ex: WorkerExit, exits: dict[int, WorkerExit], by_local: dict[int, Worker], size: int
+    ) -> Outcome | None:
+        """Take one exit of the group: the outcome once the exits settle it, else ``None``."""
+        exits[ex.local_rank] = ex
+        if ex.failed:
+            self._emit_failed(by_local[ex.local_rank], ex)
+        seen = tuple(exits.values())
+        if settled(seen, size):
+            # the exits themselves: a restart discards them, and only the result
+            # returned gets the failure records (see _with_failure_records)
+            return Outcome.of_exits(seen, size)
+        return None
 
     def _emit_failed(self, w: Worker, ex: WorkerExit) -> None:
         self._emit(
@@ -1023,6 +1061,63 @@ _BASE_EMIT_FIELDS = SimpleElasticAgent._emit_fields
 #: the fields of a worker's START and TERMINATED events, in the order they are emitted
 _START_KEYS = ("local_rank", "role_rank", "world_size", "group_rank", "worker_pid", "attempt")
 _TERMINATED_KEYS = ("local_rank", "exit_code", "attempt")
+
+
+class _ExitTaker:
+    """Takes a group's exits as ``_group_outcome`` does, each time the group says they can
+    be seen (``ListenedGroup.listen``), until they settle it; then fires ``done`` with
+    the outcome.  An object, not a closure: a closure that listens with itself is a
+    reference cycle, and its agent would be freed only by a full collection."""
+
+    __slots__ = ("_agent", "_by_local", "_cancel", "_exits", "_listen", "_size", "_take", "done")
+
+    def __init__(
+        self,
+        agent: SimpleElasticAgent,
+        take: Callable[[], WorkerExit | None],
+        listen: Callable[[Callable[[], None]], Callable[[], None]],
+        exits: dict[int, WorkerExit],
+        workers: list[Worker],
+        done: OneShot,
+    ) -> None:
+        self._agent = agent
+        self._take = take
+        self._listen = listen
+        self._exits = exits
+        self._by_local = {w.local_rank: w for w in workers}
+        self._size = len(workers)
+        self._cancel: Callable[[], None] | None = None
+        self.done = done
+
+    def __call__(self) -> None:
+        self._cancel = None
+        take, took = self._take, self._agent._took
+        try:
+            while (ex := take()) is not None:
+                outcome = took(ex, self._exits, self._by_local, self._size)
+                if outcome is not None:
+                    self.done.set(outcome)
+                    return
+        except Exception as e:
+            self.done.set(_Raised(e))
+            return
+        self._cancel = self._listen(self)
+
+    def stop(self) -> None:
+        """Listen no more (and hold no canceller, which holds this object)."""
+        cancel, self._cancel = self._cancel, None
+        if cancel is not None:
+            cancel()
+
+
+class _Raised:
+    """What the group's outcome event carries when taking an exit raised: the error,
+    raised in ``_wait_first`` as a failed outcome task's would be."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 class WorkerStartRefused(ElasticError):
