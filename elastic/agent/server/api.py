@@ -509,7 +509,20 @@ class SimpleElasticAgent(ElasticAgent):
                 self._emit(d.notice, reason=d.detail)
             if d.action is GroupAction.RESTART:
                 self._remaining_restarts = d.remaining
-                await self._restart_workers(wg, d.reason, detail=d.detail)
+                if not self._restart_is_own():
+                    await self._restart_workers(wg, d.reason, detail=d.detail)
+                    continue
+                # _restart_workers and _initialize_workers, inlined while neither is
+                # overridden: every resumption of the agent in the next rendezvous (ten
+                # per node per job restart) passes through each frame of its await chain
+                await self._stop_for_restart(wg, d.reason, d.detail)
+                try:
+                    await self._check_pre_start()
+                    await self._rendezvous(wg)
+                    await self._start_workers(wg)
+                except BaseException:
+                    self._drop_membership_watch()
+                    raise
                 continue
             if d.action is GroupAction.SUCCEED:
                 result = self._succeeded(wg, outcome)
@@ -689,20 +702,29 @@ class SimpleElasticAgent(ElasticAgent):
     # -- rendezvous, ranks, start, stop ----------------------------------------------------
     async def _initialize_workers(self, wg: WorkerGroup) -> None:
         try:
-            while True:
-                # checked before joining, not after: a node that cannot start its workers
-                # must not be in the round, or every other node forms it, starts, and
-                # forms another without it (issue 16: three rounds per GPU failure)
-                refusal = await self._pre_start_refusal()
-                if refusal is not None:
-                    self._emit(kinds.AGENT_REFUSED_START, reason=refusal)
-                    raise WorkerStartRefused(refusal)
-                await self._rendezvous(wg)
-                await self._start_workers(wg)
-                return
+            await self._check_pre_start()
+            await self._rendezvous(wg)
+            await self._start_workers(wg)
         except BaseException:
             self._drop_membership_watch()
             raise
+
+    async def _check_pre_start(self) -> None:
+        """Raise :class:`WorkerStartRefused` if a pre-start check refuses this node.
+
+        Checked before joining, not after: a node that cannot start its workers must not
+        be in the round, or every other node forms it, starts, and forms another without
+        it (issue 16: three rounds per GPU failure)."""
+        refusal = await self._pre_start_refusal()
+        if refusal is not None:
+            self._emit(kinds.AGENT_REFUSED_START, reason=refusal)
+            raise WorkerStartRefused(refusal)
+
+    def _restart_is_own(self) -> bool:
+        """True while neither restart hook is overridden (by the class or the instance)."""
+        restart = getattr(self._restart_workers, "__func__", None)
+        init = getattr(self._initialize_workers, "__func__", None)
+        return restart is _BASE_RESTART and init is _BASE_INITIALIZE
 
     def _drop_membership_watch(self) -> None:
         task, self._membership_watch = self._membership_watch, None
@@ -1002,6 +1024,11 @@ class SimpleElasticAgent(ElasticAgent):
         emit(kinds.AGENT_GROUP_STOPPED, None, {"reason": reason, "attempt": attempt})
 
     async def _restart_workers(self, wg: WorkerGroup, reason: str, detail: str = "") -> None:
+        await self._stop_for_restart(wg, reason, detail)
+        await self._initialize_workers(wg)
+
+    async def _stop_for_restart(self, wg: WorkerGroup, reason: str, detail: str) -> None:
+        """A restart's first half: announce it and stop the group (next: a new round)."""
         self._emit(
             kinds.AGENT_RESTART,
             reason=reason,
@@ -1011,7 +1038,6 @@ class SimpleElasticAgent(ElasticAgent):
         await self._stop_group(reason)
         wg.state = WorkerState.STOPPED
         self._attempt += 1
-        await self._initialize_workers(wg)
 
     async def _exit_barrier(self) -> None:
         """Wait for every agent of the round to succeed too (errors are logged, not raised)."""
@@ -1058,6 +1084,8 @@ class SimpleElasticAgent(ElasticAgent):
 
 
 _BASE_EMIT_FIELDS = SimpleElasticAgent._emit_fields
+_BASE_RESTART = SimpleElasticAgent._restart_workers
+_BASE_INITIALIZE = SimpleElasticAgent._initialize_workers
 #: the fields of a worker's START and TERMINATED events, in the order they are emitted
 _START_KEYS = ("local_rank", "role_rank", "world_size", "group_rank", "worker_pid", "attempt")
 _TERMINATED_KEYS = ("local_rank", "exit_code", "attempt")
