@@ -394,6 +394,9 @@ class SimGroup:
         now = t.clock.now()
         notice = t.exit_notice
         exits, seen_at = self._exits, self._seen_at
+        seen = now + notice
+        # one mapping for the exits of this call (nothing writes an exit's extra)
+        extra = {"reason": reason} if reason else {}
         for w, code in ends:
             was = w.state
             if was is _EXITED:
@@ -409,10 +412,10 @@ class SimGroup:
                     w.pid,
                     None,
                     None,
-                    {"reason": reason} if reason else {},
+                    extra,
                 )
             )
-            seen_at.append(now + notice)
+            seen_at.append(seen)
             if notice > 0:
                 ev = t.clock.env.timeout(notice)
                 ev.callbacks.append(lambda _: self._wake())

@@ -506,7 +506,7 @@ class SimpleElasticAgent(ElasticAgent):
                 wg.state = d.state
                 self.metrics.put(f"workers.{role}.{d.state.name.lower()}", 1)
             if d.notice is not None:
-                self._emit(d.notice, reason=d.detail)
+                self._emit_fields(d.notice, None, {"reason": d.detail})
             if d.action is GroupAction.RESTART:
                 self._remaining_restarts = d.remaining
                 if not self._restart_is_own():
@@ -981,14 +981,17 @@ class SimpleElasticAgent(ElasticAgent):
                     },
                 )
         wg.state = WorkerState.HEALTHY
-        self._emit(
+        self._emit_fields(
             kinds.AGENT_GROUP_STARTED,
-            attempt=attempt,
-            group_rank=group_rank,
-            group_world_size=wg.group_world_size,
-            world_size=wg.workers[0].world_size if wg.workers else 0,
-            ranks=list(global_ranks),
-            restart_count=self.restart_count,
+            None,
+            {
+                "attempt": attempt,
+                "group_rank": group_rank,
+                "group_world_size": wg.group_world_size,
+                "world_size": world_sizes[0] if world_sizes else 0,
+                "ranks": list(global_ranks),
+                "restart_count": self.restart_count,
+            },
         )
 
     async def _stop_group(self, reason: str) -> None:
@@ -1029,11 +1032,10 @@ class SimpleElasticAgent(ElasticAgent):
 
     async def _stop_for_restart(self, wg: WorkerGroup, reason: str, detail: str) -> None:
         """A restart's first half: announce it and stop the group (next: a new round)."""
-        self._emit(
+        self._emit_fields(
             kinds.AGENT_RESTART,
-            reason=reason,
-            detail=detail,
-            remaining_restarts=self._remaining_restarts,
+            None,
+            {"reason": reason, "detail": detail, "remaining_restarts": self._remaining_restarts},
         )
         await self._stop_group(reason)
         wg.state = WorkerState.STOPPED
