@@ -84,6 +84,8 @@ class WorldState(enum.Enum):
 
 _EXITED = WState.EXITED
 _HUNG = WState.HUNG
+_STARTING = WState.STARTING
+_READY = WState.READY
 #: the states in which a member's exit or stop breaks its world (after, break_ does nothing);
 #: tested by identity, not in a set (an Enum's __hash__ is a Python call: ~8 per node per
 #: job restart)
@@ -205,6 +207,27 @@ class World:
             self._arm_timeout_for(None)
         if self.ready == self.size and len(self.members) == self.size:
             self._begin()
+
+    def members_ready(self, workers: Iterable[SimWorker]) -> None:
+        """:meth:`member_ready` for each of ``workers`` still starting, in order, in its
+        own world (a node's group after its start-up: eight workers per node per job
+        restart, this world's inline)."""
+        for w in workers:
+            if w.state is not _STARTING:
+                continue
+            if w.world is not self:
+                if w.world is not None:
+                    w.world.member_ready(w)
+                continue
+            if self.state is not _FORMING:
+                continue
+            w.state = _READY
+            self.ready += 1
+            if not self._formation_armed:
+                self._formation_armed = True
+                self._arm_timeout_for(None)
+            if self.ready == self.size and len(self.members) == self.size:
+                self._begin()
 
     def _arm_timeout_for(self, workers: list[SimWorker] | None) -> None:
         clock = self.training.clock
@@ -376,9 +399,8 @@ class SimGroup:
         ev.callbacks.append(self._started)
 
     def _started(self, _: Event) -> None:
-        for w in self.workers.values():
-            if w.state is WState.STARTING and w.world is not None:
-                w.world.member_ready(w)
+        # every worker still starting is ready, in order (each in its world)
+        self.world.members_ready(self.workers.values())
 
     def _exit(self, w: SimWorker, code: int, cause: ExitCause, reason: str = "") -> None:
         self._exit_all(((w, code),), cause, reason)
