@@ -21,7 +21,17 @@ from typing import Any, Protocol
 
 from elastic._records import Frozen, slot_setters
 
-__all__ = ["ExitCause", "RunningGroup", "WorkerExit", "WorkerLaunch", "WorkersPort"]
+__all__ = [
+    "ExitCause",
+    "GroupLaunch",
+    "GroupWorkersPort",
+    "ListenedGroup",
+    "RunningGroup",
+    "WorkerExit",
+    "WorkerLaunch",
+    "WorkersPort",
+    "worker_env",
+]
 
 
 class WorkerLaunch(Frozen):
@@ -58,6 +68,159 @@ class WorkerLaunch(Frozen):
 # one launch per worker per start: the slots' setters directly (elastic._records.slot_setters)
 _l_local_rank, _l_global_rank, _l_env, _l_entrypoint, _l_args, _l_attempt, _l_round = slot_setters(
     WorkerLaunch, "local_rank", "global_rank", "env", "entrypoint", "args", "attempt", "round"
+)
+
+
+def worker_env(
+    base: Mapping[str, str],
+    local_rank: int,
+    global_rank: int,
+    role_rank: int,
+    world_size: int,
+    role_world_size: int,
+    virtual_local_rank: bool = False,
+) -> dict[str, str]:
+    """One worker's environment: a copy of its group's shared ``base`` (torch's keys in
+    torch's order, the per-worker ones holding a placeholder) with the worker's own ranks
+    (``LOCAL_RANK`` stays the base's with ``virtual_local_rank``)."""
+    env = dict(base)
+    if not virtual_local_rank:
+        env["LOCAL_RANK"] = str(local_rank)
+    env["RANK"] = str(global_rank)
+    env["ROLE_RANK"] = str(role_rank)
+    env["WORLD_SIZE"] = str(world_size)
+    env["ROLE_WORLD_SIZE"] = str(role_world_size)
+    return env
+
+
+class GroupLaunch(Frozen):
+    """One node's workers to start, as one record (for a port that takes records:
+    :class:`GroupWorkersPort`).
+
+    Worker ``i`` is ``launches()[i]``: local rank ``local_ranks[i]``, global rank
+    ``global_ranks[i]``, the environment :func:`worker_env` makes of ``env`` (the group's
+    shared part) and the worker's ranks, and the group's ``entrypoint``, ``args``,
+    ``attempt`` and ``round``.  Every column has one value per worker (checked when the
+    record is made: :class:`ValueError`).
+
+    Performance: the simulator starts eight workers per node per job restart and reads
+    none of their environments; as one record, the per-worker dicts and launches are made
+    only if a port asks for them (:meth:`launches`)."""
+
+    __slots__ = (
+        "args",
+        "attempt",
+        "entrypoint",
+        "env",
+        "global_ranks",
+        "local_ranks",
+        "role_ranks",
+        "role_world_sizes",
+        "round",
+        "virtual_local_rank",
+        "world_sizes",
+    )
+    env: Mapping[str, str]
+    local_ranks: Sequence[int]
+    global_ranks: Sequence[int]
+    role_ranks: Sequence[int]
+    world_sizes: Sequence[int]
+    role_world_sizes: Sequence[int]
+    virtual_local_rank: bool
+    entrypoint: str | Callable[..., Any]
+    args: Sequence[Any]
+    attempt: int
+    round: int
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        local_ranks: Sequence[int],
+        global_ranks: Sequence[int],
+        role_ranks: Sequence[int],
+        world_sizes: Sequence[int],
+        role_world_sizes: Sequence[int],
+        virtual_local_rank: bool,
+        entrypoint: str | Callable[..., Any],
+        args: Sequence[Any] = (),
+        attempt: int = 0,
+        round: int = 0,
+    ) -> None:
+        n = len(local_ranks)
+        if not (
+            len(global_ranks) == len(role_ranks) == len(world_sizes) == len(role_world_sizes) == n
+        ):
+            raise ValueError(
+                f"GroupLaunch columns have {len(local_ranks)}, {len(global_ranks)}, "
+                f"{len(role_ranks)}, {len(world_sizes)} and {len(role_world_sizes)} values; "
+                "expected one per worker in each"
+            )
+        _g_env(self, env)
+        _g_local_ranks(self, local_ranks)
+        _g_global_ranks(self, global_ranks)
+        _g_role_ranks(self, role_ranks)
+        _g_world_sizes(self, world_sizes)
+        _g_role_world_sizes(self, role_world_sizes)
+        _g_virtual(self, virtual_local_rank)
+        _g_entrypoint(self, entrypoint)
+        _g_args(self, args)
+        _g_attempt(self, attempt)
+        _g_round(self, round)
+
+    def __len__(self) -> int:
+        return len(self.local_ranks)
+
+    def launches(self) -> list[WorkerLaunch]:
+        """One :class:`WorkerLaunch` per worker, in order: what the agent hands a port
+        that takes no records."""
+        base, virtual = self.env, self.virtual_local_rank
+        entrypoint, args, attempt, round_ = self.entrypoint, self.args, self.attempt, self.round
+        return [
+            WorkerLaunch(
+                lr,
+                gr,
+                worker_env(base, lr, gr, rr, ws, rws, virtual),
+                entrypoint,
+                args,
+                attempt,
+                round_,
+            )
+            for lr, gr, rr, ws, rws in zip(
+                self.local_ranks,
+                self.global_ranks,
+                self.role_ranks,
+                self.world_sizes,
+                self.role_world_sizes,
+                strict=True,
+            )
+        ]
+
+
+(
+    _g_env,
+    _g_local_ranks,
+    _g_global_ranks,
+    _g_role_ranks,
+    _g_world_sizes,
+    _g_role_world_sizes,
+    _g_virtual,
+    _g_entrypoint,
+    _g_args,
+    _g_attempt,
+    _g_round,
+) = slot_setters(
+    GroupLaunch,
+    "env",
+    "local_ranks",
+    "global_ranks",
+    "role_ranks",
+    "world_sizes",
+    "role_world_sizes",
+    "virtual_local_rank",
+    "entrypoint",
+    "args",
+    "attempt",
+    "round",
 )
 
 
@@ -168,9 +331,42 @@ class RunningGroup(Protocol):
         ...
 
 
+class ListenedGroup(RunningGroup, Protocol):
+    """A running group whose exits can also be taken without a task waiting for them.
+
+    ``take_exit()`` returns at once what ``next_exit()`` would return without waiting (the
+    next exit not yet returned, if the agent may see it now), else ``None``.
+    ``listen(fn)`` calls ``fn()`` once, at the moment a ``next_exit()`` that started
+    waiting now would resume, and returns a function that cancels the call (harmless
+    after it).  The agent then takes the exits in ``fn``: one task fewer per group.
+    """
+
+    def take_exit(self) -> WorkerExit | None:
+        """The next exit not yet returned, if it can be seen now; else ``None``."""
+        ...
+
+    def listen(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn()`` when a waiting ``next_exit()`` would resume; return a canceller."""
+        ...
+
+
 class WorkersPort(Protocol):
     """Starts groups of workers on this node."""
 
     async def start(self, launches: Sequence[WorkerLaunch]) -> RunningGroup:
         """Start one worker per launch; return when all are started."""
+        ...
+
+
+class GroupWorkersPort(WorkersPort, Protocol):
+    """A workers port that also starts a group from one :class:`GroupLaunch` record.
+
+    ``start_group(g)`` must do exactly what ``start(g.launches())`` does.  The agent
+    hands the record only when no worker's environment needs the agent's own hooks (an
+    env hook, an overridden ``worker_env``) and the arguments are the same for every
+    worker; otherwise it calls ``start`` with the launches, as a port without records
+    always gets."""
+
+    async def start_group(self, group: GroupLaunch) -> RunningGroup:
+        """Start the workers of ``group``; return when all are started."""
         ...

@@ -33,7 +33,7 @@ from simpy.events import Event
 
 from elastic.clock import OneShot
 from elastic.events import AgentEvent, EventSink
-from elastic.workers import ExitCause, WorkerExit, WorkerLaunch
+from elastic.workers import ExitCause, GroupLaunch, WorkerExit, WorkerLaunch
 from sim.clock import SimClock
 from sim.scenario.model import Job
 
@@ -57,15 +57,15 @@ class SimWorker:
 
     __slots__ = ("global_rank", "group", "local_rank", "node", "pid", "state", "world")
 
-    def __init__(self, group: SimGroup, launch: WorkerLaunch, pid: int) -> None:
+    def __init__(self, group: SimGroup, local_rank: int, global_rank: int, pid: int) -> None:
         # the group while the worker runs; None once it exited, so that a finished group
         # and its workers hold no reference cycle and are freed when the agent drops the
         # group, not at the collector's next full pass (with the collector tuned for
         # speed, dead groups piled up: +15 % peak memory at 2,048 nodes)
         self.group: SimGroup | None = group
         self.node = group.node
-        self.local_rank = launch.local_rank
-        self.global_rank = launch.global_rank
+        self.local_rank = local_rank
+        self.global_rank = global_rank
         self.pid = pid
         self.state = WState.STARTING
         self.world: World | None = None
@@ -84,6 +84,8 @@ class WorldState(enum.Enum):
 
 _EXITED = WState.EXITED
 _HUNG = WState.HUNG
+_STARTING = WState.STARTING
+_READY = WState.READY
 #: the states in which a member's exit or stop breaks its world (after, break_ does nothing);
 #: tested by identity, not in a set (an Enum's __hash__ is a Python call: ~8 per node per
 #: job restart)
@@ -205,6 +207,27 @@ class World:
             self._arm_timeout_for(None)
         if self.ready == self.size and len(self.members) == self.size:
             self._begin()
+
+    def members_ready(self, workers: Iterable[SimWorker]) -> None:
+        """:meth:`member_ready` for each of ``workers`` still starting, in order, in its
+        own world (a node's group after its start-up: eight workers per node per job
+        restart, this world's inline)."""
+        for w in workers:
+            if w.state is not _STARTING:
+                continue
+            if w.world is not self:
+                if w.world is not None:
+                    w.world.member_ready(w)
+                continue
+            if self.state is not _FORMING:
+                continue
+            w.state = _READY
+            self.ready += 1
+            if not self._formation_armed:
+                self._formation_armed = True
+                self._arm_timeout_for(None)
+            if self.ready == self.size and len(self.members) == self.size:
+                self._begin()
 
     def _arm_timeout_for(self, workers: list[SimWorker] | None) -> None:
         clock = self.training.clock
@@ -346,7 +369,17 @@ class SimGroup:
     one group per node is alive, and at 2,048 nodes each extra container is a MiB.)
     """
 
-    def __init__(self, port: SimWorkers, launches: Sequence[WorkerLaunch]) -> None:
+    def __init__(
+        self,
+        port: SimWorkers,
+        local_ranks: Sequence[int],
+        global_ranks: Sequence[int],
+        world_size: int,
+        round_: int,
+    ) -> None:
+        """The workers of ``local_ranks`` (with ``global_ranks``) joining the world of
+        round ``round_`` and size ``world_size`` (:meth:`SimWorkers.start` and
+        :meth:`SimWorkers.start_group` read them from the launches)."""
         self.port = port
         self.node = port.node
         t = port.training
@@ -355,21 +388,19 @@ class SimGroup:
         self._seen_at: list[float] = []  # when the agent may see each exit
         self._returned = 0
         self._waiter: OneShot | None = None
-        size = int(launches[0].env.get("WORLD_SIZE", "0")) if launches else 0
-        world = t.world_for(launches[0].round if launches else 0, size)
-        pid = t.next_pids(len(launches))
+        world = t.world_for(round_, world_size)
+        pid = t.next_pids(len(local_ranks))
         workers = self.workers
-        for i, ln in enumerate(launches):
-            workers[ln.local_rank] = SimWorker(self, ln, pid + i)
+        for i, (lr, gr) in enumerate(zip(local_ranks, global_ranks, strict=True)):
+            workers[lr] = SimWorker(self, lr, gr, pid + i)
         world.join_all(workers.values())
         self.world = world
         ev = t.clock.env.timeout(t.model.startup_time)
         ev.callbacks.append(self._started)
 
     def _started(self, _: Event) -> None:
-        for w in self.workers.values():
-            if w.state is WState.STARTING and w.world is not None:
-                w.world.member_ready(w)
+        # every worker still starting is ready, in order (each in its world)
+        self.world.members_ready(self.workers.values())
 
     def _exit(self, w: SimWorker, code: int, cause: ExitCause, reason: str = "") -> None:
         self._exit_all(((w, code),), cause, reason)
@@ -385,6 +416,9 @@ class SimGroup:
         now = t.clock.now()
         notice = t.exit_notice
         exits, seen_at = self._exits, self._seen_at
+        seen = now + notice
+        # one mapping for the exits of this call (nothing writes an exit's extra)
+        extra = {"reason": reason} if reason else {}
         for w, code in ends:
             was = w.state
             if was is _EXITED:
@@ -400,10 +434,10 @@ class SimGroup:
                     w.pid,
                     None,
                     None,
-                    {"reason": reason} if reason else {},
+                    extra,
                 )
             )
-            seen_at.append(now + notice)
+            seen_at.append(seen)
             if notice > 0:
                 ev = t.clock.env.timeout(notice)
                 ev.callbacks.append(lambda _: self._wake())
@@ -485,6 +519,34 @@ class SimGroup:
         self._returned += 1
         return ex
 
+    def take_exit(self) -> WorkerExit | None:
+        """What ``next_exit`` returns without waiting, else ``None`` (ListenedGroup)."""
+        i = self._returned
+        if i >= len(self._exits) or self._seen_at[i] > self.port.training.clock.now():
+            return None
+        self._returned = i + 1
+        return self._exits[i]
+
+    def listen(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn()`` where a ``next_exit`` waiting now would resume: as a callback of
+        the same wake-up event, in the place its task's resumption had (ListenedGroup)."""
+        clock = self.port.training.clock
+        if self._waiter is None:
+            self._waiter = clock.event()
+        callbacks = clock.event_of(self._waiter).callbacks
+        assert callbacks is not None  # a waiter is dropped when it fires
+
+        def call(_: Event) -> None:
+            fn()
+
+        callbacks.append(call)
+
+        def cancel() -> None:
+            if call in callbacks:
+                callbacks.remove(call)
+
+        return cancel
+
     def signal(self, sig: int, local_rank: int | None = None) -> None:
         targets = (
             [self.workers[local_rank]] if local_rank is not None else list(self.workers.values())
@@ -536,5 +598,22 @@ class SimWorkers:
         self.group: SimGroup | None = None
 
     async def start(self, launches: Sequence[WorkerLaunch]) -> SimGroup:
-        self.group = SimGroup(self, launches)
+        size = int(launches[0].env.get("WORLD_SIZE", "0")) if launches else 0
+        self.group = SimGroup(
+            self,
+            [ln.local_rank for ln in launches],
+            [ln.global_rank for ln in launches],
+            size,
+            launches[0].round if launches else 0,
+        )
+        return self.group
+
+    async def start_group(self, group: GroupLaunch) -> SimGroup:
+        """As ``start(group.launches())``, without making the launches: a worker model
+        reads only its ranks, the world's size (the first worker's ``WORLD_SIZE``) and
+        the round."""
+        sizes = group.world_sizes
+        self.group = SimGroup(
+            self, group.local_ranks, group.global_ranks, sizes[0] if sizes else 0, group.round
+        )
         return self.group

@@ -77,7 +77,7 @@ from __future__ import annotations
 
 import enum
 
-from elastic._records import Frozen, set_fields
+from elastic._records import Frozen, slot_setters
 from elastic.events import kinds
 from elastic.workers import WorkerExit
 
@@ -143,10 +143,10 @@ class Outcome(Frozen):
         group_size: int = 0,
         reason: str = "",
     ) -> None:
-        set_fields(self, "kind", kind)
-        set_fields(self, "exits", exits)
-        set_fields(self, "group_size", group_size)
-        set_fields(self, "reason", reason)
+        _o_kind(self, kind)
+        _o_exits(self, exits)
+        _o_group_size(self, group_size)
+        _o_reason(self, reason)
 
     @classmethod
     def of_exits(cls, exits: tuple[WorkerExit, ...], group_size: int) -> Outcome:
@@ -163,6 +163,13 @@ class Outcome(Frozen):
     @classmethod
     def timeout(cls, reason: str = RANK_EXCHANGE_TIMEOUT) -> Outcome:
         return cls(OutcomeKind.TIMEOUT, reason=reason)
+
+
+# one outcome and one decision per node per job restart: the slots' setters directly
+# (elastic._records.slot_setters)
+_o_kind, _o_exits, _o_group_size, _o_reason = slot_setters(
+    Outcome, "kind", "exits", "group_size", "reason"
+)
 
 
 class GroupAction(enum.Enum):
@@ -218,15 +225,39 @@ class Decision(Frozen):
         failed: tuple[int, ...] = (),
         result: WorkerState | None = None,
     ) -> None:
-        set_fields(self, "action", action)
-        set_fields(self, "state", state)
-        set_fields(self, "notice", notice)
-        set_fields(self, "reason", reason)
-        set_fields(self, "detail", detail)
-        set_fields(self, "remaining", remaining)
-        set_fields(self, "spent", spent)
-        set_fields(self, "failed", failed)
-        set_fields(self, "result", result)
+        _d_action(self, action)
+        _d_state(self, state)
+        _d_notice(self, notice)
+        _d_reason(self, reason)
+        _d_detail(self, detail)
+        _d_remaining(self, remaining)
+        _d_spent(self, spent)
+        _d_failed(self, failed)
+        _d_result(self, result)
+
+
+(
+    _d_action,
+    _d_state,
+    _d_notice,
+    _d_reason,
+    _d_detail,
+    _d_remaining,
+    _d_spent,
+    _d_failed,
+    _d_result,
+) = slot_setters(
+    Decision,
+    "action",
+    "state",
+    "notice",
+    "reason",
+    "detail",
+    "remaining",
+    "spent",
+    "failed",
+    "result",
+)
 
 
 class IllegalDecision(RuntimeError):
@@ -360,6 +391,11 @@ _TABLE = {
 }
 
 
+#: ``_TABLE`` keyed by each kind's value
+_BY_VALUE = {(running, kind._value_): rule for (running, kind), rule in _TABLE.items()}
+_HEALTHY, _UNHEALTHY = WorkerState.HEALTHY, WorkerState.UNHEALTHY
+
+
 def decide(state: WorkerState, outcome: Outcome, remaining: int) -> Decision:
     """The decision for ``outcome`` with the group in ``state`` and ``remaining`` restarts.
 
@@ -368,7 +404,12 @@ def decide(state: WorkerState, outcome: Outcome, remaining: int) -> Decision:
     """
     if remaining < 0:
         raise ValueError(f"remaining restarts must be >= 0, got {remaining}")
-    rule = _TABLE.get((WorkerState.is_running(state), outcome.kind))
+    # Performance (once per node per job restart): a member is tested by identity and
+    # the table read by the kind's value; hashing an enum member is a Python call
+    running = state is _HEALTHY or state is _UNHEALTHY
+    if not running and type(state) is not WorkerState:
+        running = WorkerState.is_running(state)
+    rule = _BY_VALUE.get((running, outcome.kind._value_))
     if rule is None:
         raise IllegalDecision(state, outcome.kind)
     return rule(outcome, remaining)

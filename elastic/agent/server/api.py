@@ -49,7 +49,7 @@ from elastic.agent.server._decide import (
     decide,
     settled,
 )
-from elastic.clock import Cancelled, Clock, Task
+from elastic.clock import Cancelled, Clock, OneShot, Task, Waitable
 from elastic.errors import ElasticError
 from elastic.events import AgentEvent, EventSink, NullSink, WorkerEvents, kinds
 from elastic.metrics.core import AgentMetrics, MetricHandler, NullMetricHandler
@@ -61,7 +61,15 @@ from elastic.rendezvous.api import (
     RendezvousInfo,
 )
 from elastic.store import Store
-from elastic.workers import ExitCause, RunningGroup, WorkerExit, WorkerLaunch, WorkersPort
+from elastic.workers import (
+    ExitCause,
+    GroupLaunch,
+    RunningGroup,
+    WorkerExit,
+    WorkerLaunch,
+    WorkersPort,
+)
+from elastic.workers import worker_env as _env_from_base
 
 __all__ = [
     "DEFAULT_ROLE",
@@ -418,7 +426,7 @@ class SimpleElasticAgent(ElasticAgent):
         now = (clock if clock is not None else self.clock).now()
         self.last_event_time = now
         role = self._worker_group.spec.role
-        take(WorkerEvents(now, self._node, kind, role, ranks, keys, shared, columns))
+        take(WorkerEvents.unchecked(now, self._node, kind, role, ranks, keys, shared, columns))
 
     # -- the synchronous API (real mode) ------------------------------------------------
     def run(self, role: str = DEFAULT_ROLE) -> RunResult | None:
@@ -498,10 +506,23 @@ class SimpleElasticAgent(ElasticAgent):
                 wg.state = d.state
                 self.metrics.put(f"workers.{role}.{d.state.name.lower()}", 1)
             if d.notice is not None:
-                self._emit(d.notice, reason=d.detail)
+                self._emit_fields(d.notice, None, {"reason": d.detail})
             if d.action is GroupAction.RESTART:
                 self._remaining_restarts = d.remaining
-                await self._restart_workers(wg, d.reason, detail=d.detail)
+                if not self._restart_is_own():
+                    await self._restart_workers(wg, d.reason, detail=d.detail)
+                    continue
+                # _restart_workers and _initialize_workers, inlined while neither is
+                # overridden: every resumption of the agent in the next rendezvous (ten
+                # per node per job restart) passes through each frame of its await chain
+                await self._stop_for_restart(wg, d.reason, d.detail)
+                try:
+                    await self._check_pre_start()
+                    await self._rendezvous(wg)
+                    await self._start_workers(wg)
+                except BaseException:
+                    self._drop_membership_watch()
+                    raise
                 continue
             if d.action is GroupAction.SUCCEED:
                 result = self._succeeded(wg, outcome)
@@ -543,8 +564,23 @@ class SimpleElasticAgent(ElasticAgent):
     async def _wait_first(self, wg: WorkerGroup, group: RunningGroup) -> Outcome:
         """Wait, event-driven, for the group outcome, a membership change or a health verdict."""
         clock = self.clock
+        listen = getattr(group, "listen", None)
+        take = getattr(group, "take_exit", None)
+        taker: _ExitTaker | None = None
+        outcome_task: Task[Outcome] | None = None
+        first: Waitable
+        if listen is not None and take is not None and self._outcome_is_own():
+            # the group's exits are taken where a task waiting for them would have
+            # resumed (ListenedGroup), instead of by a task spawned and, when the
+            # membership or a health watch wins (three times in four), cancelled
+            exits: dict[int, WorkerExit] = {}
+            self._seen_exits = exits
+            taker = _ExitTaker(self, take, listen, exits, wg.workers, clock.event())
+            taker()
+            first = taker.done
+        else:
+            first = outcome_task = clock.spawn(self._group_outcome(wg, group), name="group-outcome")
         tasks: list[Task[Any]] = [
-            clock.spawn(self._group_outcome(wg, group), name="group-outcome"),
             self._membership_watch
             or clock.spawn(wg.spec.rdzv_handler.watch_async(), name="membership-watch"),
         ]
@@ -554,32 +590,55 @@ class SimpleElasticAgent(ElasticAgent):
             for i, h in enumerate(self._health_watches)
         ]
         try:
-            idx, value = await clock.first(*tasks)
+            idx, value = await clock.first(first, *tasks)
         finally:
+            if taker is not None:
+                taker.stop()
+            elif outcome_task is not None:
+                outcome_task.cancel()
             for t in tasks:
                 t.cancel()
         if idx == 0:
+            if type(value) is _Raised:
+                raise value.error
             outcome: Outcome = value
             return outcome
         if idx == 1:
             return Outcome.membership(str(value))
         return Outcome.health(str(value))
 
+    def _outcome_is_own(self) -> bool:
+        """True while how the group's exits are taken is this class's own."""
+        cls = type(self)
+        return (
+            cls._group_outcome is SimpleElasticAgent._group_outcome
+            and cls._took is SimpleElasticAgent._took
+        )
+
     async def _group_outcome(self, wg: WorkerGroup, group: RunningGroup) -> Outcome:
         """Every exit of the group until they settle it (a failure, or all exited)."""
         exits: dict[int, WorkerExit] = {}
         self._seen_exits = exits
         by_local = {w.local_rank: w for w in wg.workers}
+        size = len(wg.workers)
         while True:
-            ex = await group.next_exit()
-            exits[ex.local_rank] = ex
-            if ex.failed:
-                self._emit_failed(by_local[ex.local_rank], ex)
-            seen = tuple(exits.values())
-            if settled(seen, len(wg.workers)):
-                # the exits themselves: a restart discards them, and only the result
-                # returned gets the failure records (see _with_failure_records)
-                return Outcome.of_exits(seen, len(wg.workers))
+            outcome = self._took(await group.next_exit(), exits, by_local, size)
+            if outcome is not None:
+                return outcome
+
+    def _took(
+        self, ex: WorkerExit, exits: dict[int, WorkerExit], by_local: dict[int, Worker], size: int
+    ) -> Outcome | None:
+        """Take one exit of the group: the outcome once the exits settle it, else ``None``."""
+        exits[ex.local_rank] = ex
+        if ex.failed:
+            self._emit_failed(by_local[ex.local_rank], ex)
+        seen = tuple(exits.values())
+        if settled(seen, size):
+            # the exits themselves: a restart discards them, and only the result
+            # returned gets the failure records (see _with_failure_records)
+            return Outcome.of_exits(seen, size)
+        return None
 
     def _emit_failed(self, w: Worker, ex: WorkerExit) -> None:
         self._emit(
@@ -643,20 +702,29 @@ class SimpleElasticAgent(ElasticAgent):
     # -- rendezvous, ranks, start, stop ----------------------------------------------------
     async def _initialize_workers(self, wg: WorkerGroup) -> None:
         try:
-            while True:
-                # checked before joining, not after: a node that cannot start its workers
-                # must not be in the round, or every other node forms it, starts, and
-                # forms another without it (issue 16: three rounds per GPU failure)
-                refusal = await self._pre_start_refusal()
-                if refusal is not None:
-                    self._emit(kinds.AGENT_REFUSED_START, reason=refusal)
-                    raise WorkerStartRefused(refusal)
-                await self._rendezvous(wg)
-                await self._start_workers(wg)
-                return
+            await self._check_pre_start()
+            await self._rendezvous(wg)
+            await self._start_workers(wg)
         except BaseException:
             self._drop_membership_watch()
             raise
+
+    async def _check_pre_start(self) -> None:
+        """Raise :class:`WorkerStartRefused` if a pre-start check refuses this node.
+
+        Checked before joining, not after: a node that cannot start its workers must not
+        be in the round, or every other node forms it, starts, and forms another without
+        it (issue 16: three rounds per GPU failure)."""
+        refusal = await self._pre_start_refusal()
+        if refusal is not None:
+            self._emit(kinds.AGENT_REFUSED_START, reason=refusal)
+            raise WorkerStartRefused(refusal)
+
+    def _restart_is_own(self) -> bool:
+        """True while neither restart hook is overridden (by the class or the instance)."""
+        restart = getattr(self._restart_workers, "__func__", None)
+        init = getattr(self._initialize_workers, "__func__", None)
+        return restart is _BASE_RESTART and init is _BASE_INITIALIZE
 
     def _drop_membership_watch(self) -> None:
         task, self._membership_watch = self._membership_watch, None
@@ -784,13 +852,15 @@ class SimpleElasticAgent(ElasticAgent):
 
     def _env_of(self, base: dict[str, str], wg: WorkerGroup, worker: Worker) -> dict[str, str]:
         """One worker's environment: a copy of the group's ``base`` with its own ranks."""
-        env = base.copy()
-        if not wg.spec.virtual_local_rank:
-            env["LOCAL_RANK"] = str(worker.local_rank)
-        env["RANK"] = str(worker.global_rank)
-        env["ROLE_RANK"] = str(worker.role_rank)
-        env["WORLD_SIZE"] = str(worker.world_size)
-        env["ROLE_WORLD_SIZE"] = str(worker.role_world_size)
+        env = _env_from_base(
+            base,
+            worker.local_rank,
+            worker.global_rank,
+            worker.role_rank,
+            worker.world_size,
+            worker.role_world_size,
+            wg.spec.virtual_local_rank,
+        )
         for hook in self._env_hooks:
             hook(wg, worker, env)
         return env
@@ -809,6 +879,17 @@ class SimpleElasticAgent(ElasticAgent):
         base = self._env_base(wg)
         return [self._env_of(base, wg, w) for w in wg.workers]
 
+    def _envs_are_own(self) -> bool:
+        """True when every worker's environment is this class's own (no env hook, no
+        override of how it is made): then a group's launches may go as one record."""
+        cls = type(self)
+        return (
+            not self._env_hooks
+            and cls.worker_env is SimpleElasticAgent.worker_env
+            and cls._worker_envs is SimpleElasticAgent._worker_envs
+            and cls._env_of is SimpleElasticAgent._env_of
+        )
+
     def _worker_args(self, spec: WorkerSpec, local_rank: int) -> tuple[Any, ...]:
         """``spec.args`` with ``${local_rank}`` replaced in every string argument."""
         return tuple(
@@ -820,46 +901,72 @@ class SimpleElasticAgent(ElasticAgent):
         spec = wg.spec
         entrypoint: Any = spec.entrypoint
         attempt, round_ = self._attempt, self._round
+        workers = wg.workers
         # the arguments are the same for every worker unless one names its local rank
         shared: tuple[Any, ...] | None = None
         if not any(isinstance(a, str) and "${local_rank}" in a for a in spec.args):
             shared = tuple(str(a) if isinstance(a, str) else a for a in spec.args)
-        launches = [
-            WorkerLaunch(
-                w.local_rank,
-                w.global_rank,
-                env,
-                entrypoint,
-                shared if shared is not None else self._worker_args(spec, w.local_rank),
-                attempt,
-                round_,
+        # the columns of the group: its launch record and its workers' START events
+        local_ranks = [w.local_rank for w in workers]
+        global_ranks = [w.global_rank for w in workers]
+        role_ranks = [w.role_rank for w in workers]
+        world_sizes = [w.world_size for w in workers]
+        port = self.workers_port
+        start_group = getattr(port, "start_group", None)
+        if start_group is not None and shared is not None and self._envs_are_own():
+            # one record for the group (elastic.workers.GroupLaunch): each worker's
+            # environment is made from it only if the port asks for the launches
+            self._group = await start_group(
+                GroupLaunch(
+                    self._env_base(wg),
+                    local_ranks,
+                    global_ranks,
+                    role_ranks,
+                    world_sizes,
+                    [w.role_world_size for w in workers],
+                    spec.virtual_local_rank,
+                    entrypoint,
+                    shared,
+                    attempt,
+                    round_,
+                )
             )
-            for w, env in zip(wg.workers, self._worker_envs(wg), strict=True)
-        ]
-        self._group = await self.workers_port.start(launches)
+        else:
+            launches = [
+                WorkerLaunch(
+                    w.local_rank,
+                    w.global_rank,
+                    env,
+                    entrypoint,
+                    shared if shared is not None else self._worker_args(spec, w.local_rank),
+                    attempt,
+                    round_,
+                )
+                for w, env in zip(workers, self._worker_envs(wg), strict=True)
+            ]
+            self._group = await port.start(launches)
         pids = self._group.pids()
         group_rank = wg.group_rank
         take = self._group_sink()
         if take is not None:
-            workers = wg.workers
             for w in workers:
                 w.id = pids.get(w.local_rank)
             self._emit_group(
                 take,
                 kinds.WORKER_START,
-                [w.global_rank for w in workers],
+                global_ranks,
                 _START_KEYS,
                 {"group_rank": group_rank, "attempt": attempt},
                 {
-                    "local_rank": [w.local_rank for w in workers],
-                    "role_rank": [w.role_rank for w in workers],
-                    "world_size": [w.world_size for w in workers],
+                    "local_rank": local_ranks,
+                    "role_rank": role_ranks,
+                    "world_size": world_sizes,
                     "worker_pid": [w.id for w in workers],
                 },
             )
         else:
             emit = self._emit_fields
-            for w in wg.workers:
+            for w in workers:
                 w.id = pids.get(w.local_rank)
                 emit(
                     kinds.WORKER_START,
@@ -874,14 +981,17 @@ class SimpleElasticAgent(ElasticAgent):
                     },
                 )
         wg.state = WorkerState.HEALTHY
-        self._emit(
+        self._emit_fields(
             kinds.AGENT_GROUP_STARTED,
-            attempt=attempt,
-            group_rank=group_rank,
-            group_world_size=wg.group_world_size,
-            world_size=wg.workers[0].world_size if wg.workers else 0,
-            ranks=[w.global_rank for w in wg.workers],
-            restart_count=self.restart_count,
+            None,
+            {
+                "attempt": attempt,
+                "group_rank": group_rank,
+                "group_world_size": wg.group_world_size,
+                "world_size": world_sizes[0] if world_sizes else 0,
+                "ranks": list(global_ranks),
+                "restart_count": self.restart_count,
+            },
         )
 
     async def _stop_group(self, reason: str) -> None:
@@ -917,16 +1027,19 @@ class SimpleElasticAgent(ElasticAgent):
         emit(kinds.AGENT_GROUP_STOPPED, None, {"reason": reason, "attempt": attempt})
 
     async def _restart_workers(self, wg: WorkerGroup, reason: str, detail: str = "") -> None:
-        self._emit(
+        await self._stop_for_restart(wg, reason, detail)
+        await self._initialize_workers(wg)
+
+    async def _stop_for_restart(self, wg: WorkerGroup, reason: str, detail: str) -> None:
+        """A restart's first half: announce it and stop the group (next: a new round)."""
+        self._emit_fields(
             kinds.AGENT_RESTART,
-            reason=reason,
-            detail=detail,
-            remaining_restarts=self._remaining_restarts,
+            None,
+            {"reason": reason, "detail": detail, "remaining_restarts": self._remaining_restarts},
         )
         await self._stop_group(reason)
         wg.state = WorkerState.STOPPED
         self._attempt += 1
-        await self._initialize_workers(wg)
 
     async def _exit_barrier(self) -> None:
         """Wait for every agent of the round to succeed too (errors are logged, not raised)."""
@@ -973,9 +1086,68 @@ class SimpleElasticAgent(ElasticAgent):
 
 
 _BASE_EMIT_FIELDS = SimpleElasticAgent._emit_fields
+_BASE_RESTART = SimpleElasticAgent._restart_workers
+_BASE_INITIALIZE = SimpleElasticAgent._initialize_workers
 #: the fields of a worker's START and TERMINATED events, in the order they are emitted
 _START_KEYS = ("local_rank", "role_rank", "world_size", "group_rank", "worker_pid", "attempt")
 _TERMINATED_KEYS = ("local_rank", "exit_code", "attempt")
+
+
+class _ExitTaker:
+    """Takes a group's exits as ``_group_outcome`` does, each time the group says they can
+    be seen (``ListenedGroup.listen``), until they settle it; then fires ``done`` with
+    the outcome.  An object, not a closure: a closure that listens with itself is a
+    reference cycle, and its agent would be freed only by a full collection."""
+
+    __slots__ = ("_agent", "_by_local", "_cancel", "_exits", "_listen", "_size", "_take", "done")
+
+    def __init__(
+        self,
+        agent: SimpleElasticAgent,
+        take: Callable[[], WorkerExit | None],
+        listen: Callable[[Callable[[], None]], Callable[[], None]],
+        exits: dict[int, WorkerExit],
+        workers: list[Worker],
+        done: OneShot,
+    ) -> None:
+        self._agent = agent
+        self._take = take
+        self._listen = listen
+        self._exits = exits
+        self._by_local = {w.local_rank: w for w in workers}
+        self._size = len(workers)
+        self._cancel: Callable[[], None] | None = None
+        self.done = done
+
+    def __call__(self) -> None:
+        self._cancel = None
+        take, took = self._take, self._agent._took
+        try:
+            while (ex := take()) is not None:
+                outcome = took(ex, self._exits, self._by_local, self._size)
+                if outcome is not None:
+                    self.done.set(outcome)
+                    return
+        except Exception as e:
+            self.done.set(_Raised(e))
+            return
+        self._cancel = self._listen(self)
+
+    def stop(self) -> None:
+        """Listen no more (and hold no canceller, which holds this object)."""
+        cancel, self._cancel = self._cancel, None
+        if cancel is not None:
+            cancel()
+
+
+class _Raised:
+    """What the group's outcome event carries when taking an exit raised: the error,
+    raised in ``_wait_first`` as a failed outcome task's would be."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 class WorkerStartRefused(ElasticError):
