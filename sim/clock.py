@@ -903,6 +903,12 @@ class SimClock:
         """The event that fires when ``w`` (a task or event of this clock) does: for
         ``env.run(until=...)`` and the simulator's own models (a simpy event but for a
         task on the clock's own environment, which is an event of the clock's own)."""
+        # Performance: exact types first (isinstance of a Protocol's subclass goes through
+        # typing's slow check, and first() asks this of every waitable)
+        if type(w) is _Task:
+            return w
+        if type(w) is _SimOneShot:
+            return w._ev
         if isinstance(w, _Task):
             return w
         if isinstance(w, _SimTask):
@@ -913,6 +919,8 @@ class SimClock:
 
     @staticmethod
     def _value_of(w: Waitable) -> Any:
+        if type(w) is _SimOneShot:  # Performance: see event_of
+            return w._ev.value
         if isinstance(w, (_Task, _SimTask)):
             return w.result()
         assert isinstance(w, _SimOneShot)
@@ -922,6 +930,8 @@ class SimClock:
     def _is_done(w: Waitable) -> bool:
         if type(w) is _Task:  # Performance: first() asks this of every waitable
             return w._outcome is not _Outcome.RUNNING
+        if type(w) is _SimOneShot:
+            return w.is_set()
         if isinstance(w, (_Task, _SimTask)):
             return w.done()
         assert isinstance(w, _SimOneShot)
