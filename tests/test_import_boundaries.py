@@ -84,6 +84,12 @@ KNOWN_EDGES: dict[tuple[str, str], str] = {
         "debt: torch's expires() runs in the worker process and reads the wall clock there; "
         "timer.driver imports timer.api for its request types only"
     ),
+    ("elastic/agent/server/api.py", "elastic/launcher/api.py"): (
+        "torch's _get_fq_hostname(): this host's FQDN, imported inside the call"
+    ),
+    ("elastic/rendezvous/static_tcp_rendezvous.py", "elastic/real/rdzv_context.py"): (
+        "torch's create_rdzv_handler(params) with no ports builds real mode's (inside the call)"
+    ),
     # torch's port-less API (get_rendezvous_handler(params), from_backend(...) without a
     # clock, RendezvousStoreInfo.build without an address, rdzv events' hostname): real
     # mode by definition, so it builds real mode's ports, inside those calls only; the

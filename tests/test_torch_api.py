@@ -25,7 +25,6 @@ from elastic.rendezvous import (
     get_rendezvous_handler,
     rendezvous_handler_registry,
 )
-from elastic.rendezvous import registry as registry_mod
 
 # (module, name) at torch's path; name None = the module itself
 SEED_NAMES: list[tuple[str, str | None]] = [
@@ -359,11 +358,9 @@ def test_the_dynamic_handlers_workers_build_their_own_store_and_are_told_so(
 @pytest.fixture
 def clean_registry() -> Iterator[None]:
     saved = dict(rendezvous_handler_registry._registry)
-    loaded = registry_mod._out_of_tree_loaded
     yield
     rendezvous_handler_registry._registry.clear()
     rendezvous_handler_registry._registry.update(saved)
-    registry_mod._out_of_tree_loaded = loaded
 
 
 def test_a_torch_style_one_argument_creator_is_called_with_one_argument(
@@ -402,7 +399,6 @@ def test_handlers_published_under_torchrun_handlers_entry_points_are_loaded(
         "[torchrun.handlers]\nplugged = elastic_test_plugin:get_creator\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    registry_mod._out_of_tree_loaded = False
     h = get_rendezvous_handler(RendezvousParameters("plugged", "", "p", 1, 1))
     assert h.get_backend() == "plugged" and type(h).__name__ == "PluginHandler"
 

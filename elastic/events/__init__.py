@@ -82,6 +82,7 @@ _TORCH_API = frozenset(
         "EventSource",
         "NodeState",
         "RdzvEvent",
+        "_get_or_create_logger",
         "construct_and_record_rdzv_event",
         "get_logging_handler",
         "record",

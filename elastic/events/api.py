@@ -108,11 +108,19 @@ class RdzvEvent:
 _events_loggers: dict[str, logging.Logger] = {}
 
 
+def _pkg() -> Any:
+    """``elastic.events``, where torch's names live: a test or deployment that patches
+    ``elastic.events.get_logging_handler`` (torch's path) is obeyed here."""
+    import elastic.events
+
+    return elastic.events
+
+
 def _get_or_create_logger(destination: str = "null") -> logging.Logger:
     """torch's: a logger per destination, not propagating, at ``LOGLEVEL`` (INFO)."""
     logger = _events_loggers.get(destination)
     if logger is None:
-        handler = get_logging_handler(destination)
+        handler = _pkg().get_logging_handler(destination)
         logger = logging.getLogger(f"torchelastic-events-{destination}")
         level = os.environ.get("LOGLEVEL", "INFO").upper()
         logger.setLevel(level if level in logging.getLevelNamesMapping() else "INFO")
@@ -150,7 +158,7 @@ def construct_and_record_rdzv_event(
     ``hostname`` to this host's FQDN, ``pid`` to this process; a ``FAILED`` event carries
     the traceback being handled.
     """
-    if isinstance(get_logging_handler("dynamic_rendezvous"), logging.NullHandler):
+    if isinstance(_pkg().get_logging_handler("dynamic_rendezvous"), logging.NullHandler):
         return
     if not hostname:
         from elastic.launcher.api import fqdn
@@ -167,7 +175,7 @@ def construct_and_record_rdzv_event(
             name = caller.f_code.co_name
     del caller  # a frame kept alive holds its locals
     error_trace = traceback.format_exc() if node_state == NodeState.FAILED else ""
-    record_rdzv_event(
+    _pkg().record_rdzv_event(
         RdzvEvent(
             name=f"{filename}:{name}",
             run_id=run_id,

@@ -28,6 +28,9 @@ from elastic.rendezvous.registry import (
     get_rendezvous_handler,
     rendezvous_handler_registry,
 )
+from elastic.rendezvous.registry import (
+    _register_out_of_tree_handlers as _register_out_of_tree_handlers,
+)
 
 __all__ = [
     "RendezvousClosedError",

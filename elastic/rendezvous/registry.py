@@ -180,13 +180,11 @@ def _register_out_of_tree_handlers() -> None:
     As torch: an entry point loads a function that returns the creator; a plugin that
     fails to load is logged and skipped.
     """
-    global _out_of_tree_loaded
-    if _out_of_tree_loaded:
-        return
-    _out_of_tree_loaded = True
     from importlib.metadata import entry_points
 
     for ep in entry_points(group="torchrun.handlers"):
+        if ep.name in rendezvous_handler_registry._registry:
+            continue  # found by an earlier scan (a scan runs again for new plugins)
         try:
             rendezvous_handler_registry.register(ep.name, ep.load()())
         except Exception:
@@ -195,5 +193,4 @@ def _register_out_of_tree_handlers() -> None:
             )
 
 
-_out_of_tree_loaded = False
 _register_default_handlers()

@@ -49,6 +49,7 @@ from elastic.agent.server._decide import (
     decide,
     settled,
 )
+from elastic.agent.server.role_info import RoleInstanceInfo as _RoleInstanceInfo  # noqa: F401 (torch's private name, imported by its tests)
 from elastic.clock import Cancelled, Clock, OneShot, Task, Waitable
 from elastic.errors import ElasticError
 from elastic.events import AgentEvent, EventSink, NullSink, WorkerEvents, kinds
@@ -85,6 +86,15 @@ __all__ = [
 ]
 
 DEFAULT_ROLE = "default"
+
+
+def _get_fq_hostname() -> str:
+    """torch's name for this host's FQDN (real mode: imported inside the call)."""
+    from elastic.launcher.api import fqdn
+
+    return fqdn()
+
+
 _TERMINAL_STATE_SYNC_ID = "torchelastic/agent/terminal_state"
 
 
