@@ -13,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from simpy.events import AnyOf
-
 from elastic.events import AgentEvent, EventSink, ListSink, WorkerEvents
 from elastic.rendezvous import get_rendezvous_handler
 from elastic.rendezvous.api import RendezvousContext, RendezvousHandler, RendezvousParameters
@@ -198,7 +196,7 @@ def simulate(
         progress(0.0, sc.until)
         clock.every(sc.until / PROGRESS_TICKS, lambda now: progress(now, sc.until))
     with quiet_gc():  # the collector took half the CPU at 2,048 nodes (sim/gcpause.py)
-        clock.env.run(until=AnyOf(clock.senv, [clock.event_of(cluster.finished), deadline]))
+        clock.run_first(clock.event_of(cluster.finished), deadline)
     reason = "done" if cluster.finished.is_set() else "until"
     unobserved = [f"{n}: {type(e).__name__}: {e}" for n, e in clock.unobserved]
     cluster.emit(
