@@ -380,9 +380,11 @@ class SimGroup:
         """The workers of ``local_ranks`` (with ``global_ranks``) joining the world of
         round ``round_`` and size ``world_size`` (:meth:`SimWorkers.start` and
         :meth:`SimWorkers.start_group` read them from the launches)."""
-        self.port = port
+        # the port's training and node, not the port: the port holds the group (its
+        # ``group``), and a group holding its port made a reference cycle that outlived
+        # a crashed node until the collector's next full pass
+        self.training = t = port.training
         self.node = port.node
-        t = port.training
         self.workers: dict[int, SimWorker] = {}
         self._exits: list[WorkerExit] = []
         self._seen_at: list[float] = []  # when the agent may see each exit
@@ -412,7 +414,7 @@ class SimGroup:
 
         Exactly as one ``_exit`` after another: the waiting ``next_exit`` is woken at the
         first exit, before the first break of the world (both schedule at this instant)."""
-        t = self.port.training
+        t = self.training
         now = t.clock.now()
         notice = t.exit_notice
         exits, seen_at = self._exits, self._seen_at
@@ -484,11 +486,11 @@ class SimGroup:
         if w is None or not w.alive or w.state is WState.HUNG:
             return False
         world = w.world
-        timer_from = world.timer_start() if world is not None else self.port.training.clock.now()
+        timer_from = world.timer_start() if world is not None else self.training.clock.now()
         w.state = WState.HUNG
         if world is not None:
             world.break_("worker_hang", culprit=w)
-        for cb in self.port.training.on_hang:
+        for cb in self.training.on_hang:
             cb(w, timer_from)
         return True
 
@@ -510,7 +512,7 @@ class SimGroup:
         return frozenset(lr for lr, w in self.workers.items() if w.alive)
 
     async def next_exit(self) -> WorkerExit:
-        clock = self.port.training.clock
+        clock = self.training.clock
         while self._returned >= len(self._exits) or self._seen_at[self._returned] > clock.now():
             if self._waiter is None:
                 self._waiter = clock.event()
@@ -522,7 +524,7 @@ class SimGroup:
     def take_exit(self) -> WorkerExit | None:
         """What ``next_exit`` returns without waiting, else ``None`` (ListenedGroup)."""
         i = self._returned
-        if i >= len(self._exits) or self._seen_at[i] > self.port.training.clock.now():
+        if i >= len(self._exits) or self._seen_at[i] > self.training.clock.now():
             return None
         self._returned = i + 1
         return self._exits[i]
@@ -530,7 +532,7 @@ class SimGroup:
     def listen(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Call ``fn()`` where a ``next_exit`` waiting now would resume: as a callback of
         the same wake-up event, in the place its task's resumption had (ListenedGroup)."""
-        clock = self.port.training.clock
+        clock = self.training.clock
         if self._waiter is None:
             self._waiter = clock.event()
         callbacks = clock.event_of(self._waiter).callbacks
@@ -561,7 +563,7 @@ class SimGroup:
         )
         if not live:
             return []
-        training = self.port.training
+        training = self.training
         hung = any(w.state is _HUNG for w in live)
         # a hung worker ignores the graceful signal; the others exit after stop_time
         delay = grace if hung else min(grace, training.stop_time)
@@ -577,7 +579,9 @@ class SimGroup:
                     and ((ws := world.state) is _FORMING or ws is _RUNNING)
                 ):
                     world.break_("stopped_by_agent", culprit=w)
-            await training.clock.sleep(delay)
+            # Performance: after(), the sleep without its coroutine (one per node per
+            # job restart)
+            await training.clock.after(delay)
         before = len(self._exits)
         self._exit_all(
             [(w, SIGKILL_EXIT if w.state is _HUNG else -sig) for w in live],
