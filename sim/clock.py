@@ -868,6 +868,17 @@ class SimClock:
             # per store round trip (the method below is for simpy's environment)
             self.after = cast(_Env, self.env).wake_after  # type: ignore[method-assign]
 
+    def call_after(self, seconds: float, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(event)`` ``seconds`` from now, where a Timeout scheduled now would run
+        its callback: on the clock's own environment as a callback of the shared wake-up
+        for that time (module docstring, "Shared wake-ups": the same place in the run's
+        order, without a Timeout of its own), else of a simpy Timeout."""
+        env = self.env
+        if type(env) is _Env:
+            env.wake_after(seconds).callbacks.append(fn)
+        else:
+            env.timeout(max(0.0, seconds)).callbacks.append(fn)
+
     def run_first(self, *events: Any) -> None:
         """Run until the first of ``events`` (:meth:`event_of`'s, or simpy events of this
         clock) has been processed (the simulator's end: its job finished or its deadline),

@@ -397,10 +397,11 @@ class SimGroup:
             workers[lr] = SimWorker(self, lr, gr, pid + i)
         world.join_all(workers.values())
         self.world = world
-        ev = t.clock.env.timeout(t.model.startup_time)
-        ev.callbacks.append(self._started)
+        # Performance: a callback of the shared wake-up, not a Timeout per node per job
+        # restart (a node's groups start together: one wake-up for them all)
+        t.clock.call_after(t.model.startup_time, self._started)
 
-    def _started(self, _: Event) -> None:
+    def _started(self, _: Any) -> None:
         # every worker still starting is ready, in order (each in its world)
         self.world.members_ready(self.workers.values())
 
