@@ -827,19 +827,22 @@ class _Env:
                         self.step()
                 event.callbacks = None  # type: ignore[assignment]
                 continue  # a wake-up never fails
-            cbs, event.callbacks = event.callbacks, None
-            for j, callback in enumerate(cbs):
-                try:
+            # Performance: a plain loop over an iterator (no index per callback: this runs
+            # for every callback of the run); what is left of the iterator is the rest
+            callbacks_left = iter(event.callbacks)
+            event.callbacks = None
+            try:
+                for callback in callbacks_left:
                     callback(event)
-                except StopSimulation:
-                    # as simpy: the event's remaining callbacks run first when the
-                    # simulation resumes (simpy schedules it again, with priority -1:
-                    # before anything else at this instant), then the rest of the batch
-                    event.callbacks = cbs[j + 1 :]
-                    self._stopped(now, prio, eid, batch[i + 1 :])
-                    self._urgent.appendleft([event])
-                    next(self._ids)
-                    raise
+            except StopSimulation:
+                # as simpy: the event's remaining callbacks run first when the
+                # simulation resumes (simpy schedules it again, with priority -1:
+                # before anything else at this instant), then the rest of the batch
+                event.callbacks = list(callbacks_left)
+                self._stopped(now, prio, eid, batch[i + 1 :])
+                self._urgent.appendleft([event])
+                next(self._ids)
+                raise
             if not event.ok and not event.defused:
                 # The event failed and nobody defused it: crash the run, as simpy does.
                 failure: BaseException = event.value
