@@ -51,7 +51,6 @@ class WState(enum.Enum):
 
     STARTING = "starting"
     READY = "ready"
-    RUNNING = "running"
     HUNG = "hung"
     EXITED = "exited"
 
@@ -257,9 +256,6 @@ class World:
         self.s0 = t.ckpt_step
         self.work = 0.0
         self.t_mark = now
-        for m in self.members.values():
-            if m.state is WState.READY:
-                m.state = WState.RUNNING
         t.emit("sim.world_running", round=self.round, world_size=self.size, from_step=self.s0)
         self.reschedule()
 
