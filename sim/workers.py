@@ -70,12 +70,12 @@ class SimWorker:
         self.local_rank = local_rank
         self.global_rank = global_rank
         self.pid = pid
-        self.state = WState.STARTING
+        self.state = _STARTING
         self.world: World | None = None
 
     @property
     def alive(self) -> bool:
-        return self.state is not WState.EXITED
+        return self.state is not _EXITED
 
 
 class WorldState(enum.Enum):
