@@ -425,3 +425,23 @@ def test_from_backend_refuses_a_blocking_store_on_a_clock_without_threads() -> N
 
     msg = run_in("sim", body)
     assert "BlockingDictStore" in msg and "store port" in msg
+
+
+def test_c10d_create_backend_gives_a_portless_endpoint_the_module_default_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torch reads c10d_rendezvous_backend.DEFAULT_PORT when the backend is created: a
+    # patched value names the store a portless endpoint reaches
+    from elastic.rendezvous import c10d_rendezvous_backend as c10d
+
+    def store_for(endpoint: str) -> Any:
+        params = RendezvousParameters("c10d", endpoint, "port-job", 1, 1)
+        _, store = c10d_create_backend(params)
+        return store.port
+
+    unpatched = store_for("localhost")
+    assert unpatched is store_for(f"localhost:{c10d.DEFAULT_PORT}")
+    monkeypatch.setattr(c10d, "DEFAULT_PORT", 29461)
+    patched = store_for("localhost")
+    assert patched is store_for("localhost:29461")
+    assert patched is not unpatched
