@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from unittest.mock import Mock
 
 import pytest
 
@@ -12,7 +13,7 @@ from elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from elastic.errors import ConfigError
 from elastic.launcher.api import LaunchConfig, elastic_launch
 from elastic.memstore import MemoryStore
-from elastic.multiprocessing.api import DefaultLogsSpecs
+from elastic.multiprocessing.api import DefaultLogsSpecs, Std
 from elastic.multiprocessing.errors import ChildFailedError
 from elastic.real.clock import AsyncioClock
 from elastic.rendezvous.api import RendezvousParameters
@@ -85,7 +86,7 @@ def test_several_nodes_on_an_any_port_endpoint_are_refused_before_anything_start
 
 @pytest.mark.timeout(60)
 def test_local_elastic_agent_with_torchs_constructor_runs_a_command(
-    tmp_path: Path, tagged: str
+    tmp_path: Path, tagged: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
     clock = AsyncioClock()
     params = RendezvousParameters("c10d", "localhost:0", "ctor-test", 1, 1)
@@ -100,15 +101,37 @@ def test_local_elastic_agent_with_torchs_constructor_runs_a_command(
         args=(
             "-c",
             'test "$ROLE_NAME" = trainer || exit 3; '
-            f'if [ "$LOCAL_RANK" = 0 ]; then touch {tmp_path}/r0; exit 0; fi; '
+            f'if [ "$LOCAL_RANK" = 0 ]; then echo up; touch {tmp_path}/r0; exit 0; fi; '
             f"while [ ! -e {tmp_path}/r0 ]; do sleep 0.02; done; sleep 0.5; exit 1",
         ),
         rdzv_handler=handler,
         max_restarts=0,
     )
-    agent = LocalElasticAgent(spec, DefaultLogsSpecs(str(tmp_path / "logs")), "spawn")
+    logs = DefaultLogsSpecs(str(tmp_path / "logs"), tee=Std.OUT)
+    agent = LocalElasticAgent(spec, logs, "spawn")
     result = agent.run()
     assert result is not None and result.state == WorkerState.FAILED
     (failure,) = result.failures.values()
     assert failure.exitcode == 1 and failure.local_rank == 1
     assert list(result.failures) == [1]  # keyed by global rank
+    # the tee'd console lines' prefix names the spec's role, read when the group starts
+    assert "[trainer0]:up" in capfd.readouterr().out
+
+
+def test_local_elastic_agent_constructor_reads_only_what_torchs_does(tmp_path: Path) -> None:
+    # torch's constructor takes any spec-like object: it reads the restarts, the number
+    # of workers and the handler, not the role (read when the workers start)
+    spec = Mock(spec=WorkerSpec)
+    spec.max_restarts = 3
+    spec.local_world_size = 1
+    spec.rdzv_handler = Mock()
+    spec.numa_options = None
+    agent = LocalElasticAgent(
+        spec,
+        DefaultLogsSpecs(str(tmp_path / "logs")),
+        "spawn",
+        exit_barrier_timeout=300,
+        shutdown_timeout=240,
+    )
+    assert agent._shutdown_timeout == 240 and agent._exit_barrier_timeout == 300
+    assert agent._remaining_restarts == 3

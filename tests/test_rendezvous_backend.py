@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import re
+import threading
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -292,3 +294,154 @@ def test_torch_create_handler_from_store_backend_and_params_runs_blocking() -> N
         create_handler(
             store, backend, RendezvousParameters("c10d", "", "x", 1, 1, keep_alive_interval=None)
         )
+
+
+class NoVerdictBackend(RendezvousBackend):
+    """A backend that keeps nothing and never says whether a write took: get_state() and
+    set_state() both return None (torch's contract allows it)."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    @property
+    def name(self) -> str:
+        return "no-verdict"
+
+    def get_state(self) -> tuple[bytes, Token] | None:
+        return None
+
+    def set_state(self, state: bytes, token: Token | None = None) -> None:
+        self.written.append(state)
+        return None
+
+
+def test_a_write_without_verdict_is_adopted_so_a_lone_node_finishes_its_round(
+    world: str,
+) -> None:
+    # torch's state holder goes on from the state it wrote when set_state() returns None;
+    # retrying instead would never end (the backend never reports a state)
+    async def body(clock: Clock) -> tuple[RendezvousInfo, float, int]:
+        backend = NoVerdictBackend()
+        (h,) = handlers(clock, backend, ["a"], 1, 1)
+        start = clock.now()
+        info = await h.next_rendezvous_async()
+        took = clock.now() - start
+        await h.leave_async()
+        for raw in backend.written:
+            json.loads(raw)  # every write is our JSON blob
+        return info, took, len(backend.written)
+
+    info, took, writes = run_in(world, body)
+    assert (info.rank, info.world_size, info.round) == (0, 1, 0)
+    assert info.bootstrap_store_info.master_addr == "host-a"
+    assert took < 5  # well inside the 10 s join timeout: no retry loop
+    assert writes >= 1
+
+
+class BlockingDictStore:
+    """torch's blocking ``Store`` methods over a dict (what a HashStore offers)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+
+    def set(self, key: str, value: bytes) -> None:
+        with self.cond:
+            self.data[key] = bytes(value)
+            self.cond.notify_all()
+
+    def get(self, key: str) -> bytes:
+        self.wait([key])
+        return self.data[key]
+
+    def add(self, key: str, amount: int) -> int:
+        with self.cond:
+            n = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(n).encode()
+            self.cond.notify_all()
+            return n
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        with self.cond:
+            current = self.data.get(key, b"")
+            if current == expected:
+                self.data[key] = bytes(desired)
+                self.cond.notify_all()
+                return bytes(desired)
+            return current
+
+    def check(self, keys: list[str]) -> bool:
+        with self.cond:
+            return all(k in self.data for k in keys)
+
+    def wait(self, keys: list[str], timeout: timedelta = timedelta(seconds=30)) -> None:
+        with self.cond:
+            if not self.cond.wait_for(
+                lambda: all(k in self.data for k in keys), timeout.total_seconds()
+            ):
+                raise TimeoutError(f"keys {keys} not set")
+
+    def delete_key(self, key: str) -> bool:
+        with self.cond:
+            return self.data.pop(key, None) is not None
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        with self.cond:
+            return [self.data[k] for k in keys]
+
+    def multi_set(self, keys: list[str], values: list[bytes]) -> None:
+        with self.cond:
+            self.data.update(zip(keys, map(bytes, values), strict=True))
+            self.cond.notify_all()
+
+
+@pytest.mark.timeout(60)
+def test_create_handler_takes_a_blocking_torch_store_and_reports_it_as_underlying() -> None:
+    # torch users pass torch's own stores (HashStore, TCPStore) to create_handler: the
+    # handler calls them in threads, and the round's store reports the store given
+    store = BlockingDictStore()
+    params = RendezvousParameters(
+        "dict", "unused", "bs-job", 1, 1, join_timeout="30", local_addr="127.0.0.2"
+    )
+    h = create_handler(store, DictBackend(), params)
+    info = h.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    assert info.bootstrap_store_info.master_addr == "127.0.0.2"
+    assert info.store.underlying_store is store
+    info.store.set("k", b"v")
+    assert info.store.get("k") == b"v"
+    assert any(k.endswith("k") and v == b"v" for k, v in store.data.items())
+    h.set_closed()
+    assert h.is_closed()
+
+
+def test_from_backend_refuses_a_blocking_store_on_a_clock_without_threads() -> None:
+    async def body(clock: Clock) -> str:
+        with pytest.raises(TypeError) as e:
+            DynamicRendezvousHandler.from_backend(
+                "job", BlockingDictStore(), DictBackend(), 1, 1, clock=clock, node_id="a"
+            )
+        return str(e.value)
+
+    msg = run_in("sim", body)
+    assert "BlockingDictStore" in msg and "store port" in msg
+
+
+def test_c10d_create_backend_gives_a_portless_endpoint_the_module_default_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torch reads c10d_rendezvous_backend.DEFAULT_PORT when the backend is created: a
+    # patched value names the store a portless endpoint reaches
+    from elastic.rendezvous import c10d_rendezvous_backend as c10d
+
+    def store_for(endpoint: str) -> Any:
+        params = RendezvousParameters("c10d", endpoint, "port-job", 1, 1)
+        _, store = c10d_create_backend(params)
+        return store.port
+
+    unpatched = store_for("localhost")
+    assert unpatched is store_for(f"localhost:{c10d.DEFAULT_PORT}")
+    monkeypatch.setattr(c10d, "DEFAULT_PORT", 29461)
+    patched = store_for("localhost")
+    assert patched is store_for("localhost:29461")
+    assert patched is not unpatched

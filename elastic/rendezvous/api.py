@@ -207,6 +207,15 @@ class SyncStore:
         self._run = runner
         self.timeout = timeout
 
+    @property
+    def underlying_store(self) -> Any:
+        """torch's ``PrefixStore.underlying_store``, when the port is a prefixed view
+        (a round's store is): the store it wraps, as given to the handler."""
+        inner = getattr(self.port, "underlying_store", None)
+        if inner is None:
+            raise AttributeError(f"a store over {type(self.port).__name__} wraps no store")
+        return inner
+
     def set(self, key: str, value: str | bytes) -> None:
         self._run(self.port.set(key, _as_bytes(value, "value")))
 
@@ -288,6 +297,11 @@ class ThreadedStore:
     def __init__(self, store: Any, runner: ThreadRunner) -> None:
         self.store = store
         self._run = runner
+
+    @property
+    def underlying_store(self) -> Any:
+        """The blocking store this adapter calls (what torch's views report)."""
+        return self.store
 
     async def _call(self, name: str, *args: Any) -> Any:
         method = getattr(self.store, name)

@@ -270,6 +270,10 @@ class BackendStore:
         self._clock = clock
         self._poll = poll_interval
         self._mine: dict[int, _BackendLease] = {}
+        # our last write whose set_state() returned None (no verdict): torch's state
+        # holder then adopts the state it wrote, unconfirmed, with no token; it stays our
+        # view for as long as the backend reports no state (get_state() None)
+        self._unconfirmed: _State | None = None
 
     @property
     def backend(self) -> RendezvousBackend:
@@ -278,7 +282,9 @@ class BackendStore:
     # -- the blob ----------------------------------------------------------------------
     def _decode(self, got: tuple[bytes, Token] | None) -> tuple[_State, Token | None]:
         if got is None:
-            return _State(), None
+            held = self._unconfirmed
+            return (held.copy() if held is not None else _State()), None
+        self._unconfirmed = None
         raw, token = got
         return _State.decode(bytes(raw), self._backend.name), token
 
@@ -312,8 +318,11 @@ class BackendStore:
                 return result, st
             written = await self._backend.set_state_async(new.encode(), token)
             if written is None:
-                got = await self._backend.get_state_async()
-                continue
+                # no verdict (torch's contract allows it): as torch's state holder does,
+                # go on from the state we wrote, unconfirmed and without a token
+                new.dirty = False
+                self._unconfirmed = new
+                return result, new
             raw, new_token, ok = written
             if ok:
                 return result, new

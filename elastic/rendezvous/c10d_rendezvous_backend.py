@@ -211,6 +211,13 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
     if params.backend != "c10d":  # the c10d store whatever the handler is named (torch's)
         params = copy.copy(params)
         params.backend = "c10d"
+    if params.endpoint:
+        # an endpoint without a port gets this module's DEFAULT_PORT, read now (torch's)
+        from elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+        host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
+        params = copy.copy(params)
+        params.endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         ctx = default_context(params)
     except RendezvousConnectionError as exc:  # torch's words; ours are the inner exception

@@ -152,6 +152,8 @@ from elastic.rendezvous.api import (
     RendezvousTimeoutError,
     SyncRunner,
     SyncStore,
+    ThreadedStore,
+    _is_store_port,
 )
 from elastic.rendezvous.assignment import AgentAssignment, rank_runs
 from elastic.rendezvous.prefix_store import PrefixStore
@@ -685,6 +687,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 sync_runner = sync_runner or shared_loop().run
             local_addr = local_addr or fqdn()
             node_id = node_id or make_node_id(local_addr)
+        if not _is_store_port(store):
+            # torch's own Store (HashStore, TCPStore, FileStore): blocking, called in threads
+            run_in_thread = getattr(clock, "run_in_thread", None)
+            if run_in_thread is None:
+                raise TypeError(
+                    f"store: a blocking {type(store).__name__} needs a clock that runs "
+                    "calls in threads (real mode's); give the store port instead"
+                )
+            store = ThreadedStore(store, run_in_thread)
         settings = RendezvousSettings(
             run_id,
             min_nodes,

@@ -23,6 +23,15 @@ class PrefixStore(Store):
         self.underlying = store
         self.prefix = prefix
 
+    @property
+    def underlying_store(self) -> object:
+        """torch's name: the store this view wraps (a blocking store a handler was
+        given, not the adapter that calls it in threads)."""
+        from elastic.rendezvous.api import ThreadedStore
+
+        inner = self.underlying
+        return inner.store if isinstance(inner, ThreadedStore) else inner
+
     def _k(self, key: str) -> str:
         return self.prefix + key
 

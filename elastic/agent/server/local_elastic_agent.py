@@ -217,9 +217,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         # forkserver has no meaning without torch.multiprocessing: a spawned child is the
         # same guarantee (a fresh interpreter) for function entrypoints
         method = "fork" if start_method == "fork" else "spawn"
+        # the role is read from the group's spec at each start, as torch's agent reads
+        # the spec only when it runs (its constructor takes any spec-like object)
         workers = ProcessWorkers(
             logs_specs,
-            role=spec.role,
             start_method=method,
             log_line_prefix_template=log_line_prefix_template,
             reaper=reaper,
@@ -507,6 +508,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             await zygote.ready()
         if self._progress_monitor is not None:
             self._progress_monitor.reset(range(wg.spec.local_world_size))
+        self._process_workers.role = wg.spec.role  # the console prefix's role
         await super()._start_workers(wg)
         if self._group is not None:
             self._groups = [g for g in self._groups if g.running()] + [self._group]
