@@ -125,9 +125,10 @@ def main() -> int:
         )
         for r in c.faults:
             err = r.get("error")
+            pct = "-" if err is None else f"{err * 100:.2f} %"
             lines.append(
                 f"| {name} | {r['fault']} at {r['at']:g} s | {_s(r['sim_s'])} | "
-                f"{_s(r['real_s'])} | {r.get('ratio', '-')} | {'-' if err is None else f'{err * 100:.2f} %'} | "
+                f"{_s(r['real_s'])} | {r.get('ratio', '-')} | {pct} | "
                 f"{counts} ({same}) |"
             )
     lines += [

@@ -76,6 +76,9 @@ class Soak:
     seconds: float = 0.0
     stderr: str = ""
     agent_pid: int = 0
+    #: the last attempt whose workers were seen to start (sampled or not: a fast attempt
+    #: may end, and the agent with it, before its sample is taken)
+    reached: int = -1
 
 
 def token() -> str:
@@ -178,11 +181,13 @@ def run(
             attempt = 0
             while attempt <= last:
                 if started(attempt):
+                    out.reached = attempt
                     s = sample(agent, attempt)
                     if s is not None:
                         out.samples.append(s)
                     attempt += 1
                 elif started(attempt + 1):
+                    out.reached = attempt + 1
                     attempt += 1  # passed before it could be sampled
                 elif proc.poll() is not None or time.monotonic() > deadline:
                     break

@@ -72,10 +72,14 @@ def test_nothing_of_the_job_is_left_however_the_agent_ends(
 ) -> None:
     result = run(3, mode, end=end, env_tag=(TAG, tag), timeout=90)
     assert result.returncode == code, (result.samples, result.stderr[-2000:])
-    # the signal went to an agent that had started its last attempt (under load a fast
-    # attempt may pass unsampled: only one sample is required)
+    # the signal went to an agent that had started its last attempt; under load a fast
+    # attempt may pass unsampled (and a job that ends by itself may be gone before its
+    # last attempt's sample is taken): one sample is required, and the last attempt seen
     last = 2 if end == "inject" else 3  # an injected failure ends the third restart
-    assert result.samples and result.samples[-1].attempt == last, result.samples
+    assert result.samples, result.stderr[-2000:]
+    assert result.reached == last, (result.reached, result.samples)
+    if end not in ("exit", "inject"):  # the agent waits in its last attempt for the signal
+        assert result.samples[-1].attempt == last, result.samples
     if end == "inject":
         assert "injected agent failure" in result.stderr
     left = set(result.leftovers)
