@@ -19,6 +19,7 @@ imported only once the arguments are good): launch latency is a benchmark.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import logging
 import os
@@ -28,8 +29,54 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from elastic.real.reaper import ReaperSidecar
+    from elastic.run_args import (
+        config_from_args,
+        determine_local_world_size,
+        get_args_parser,
+        parse_args,
+        parse_min_max_nnodes,
+        run_script_path,
+    )
 
-__all__ = ["cli_main", "main"]
+__all__ = [
+    "cli_main",
+    "config_from_args",
+    "determine_local_world_size",
+    "get_args_parser",
+    "get_use_env",
+    "main",
+    "parse_args",
+    "parse_min_max_nnodes",
+    "run",
+    "run_script_path",
+]
+
+#: torch's ``torch.distributed.run`` names, defined in :mod:`elastic.run_args` and loaded
+#: on first use (the launch path imports them only once the command line is read)
+_FROM_RUN_ARGS = frozenset(
+    {
+        "config_from_args",
+        "determine_local_world_size",
+        "get_args_parser",
+        "parse_args",
+        "parse_min_max_nnodes",
+        "run_script_path",
+    }
+)
+
+
+def __getattr__(name: str) -> object:
+    if name in _FROM_RUN_ARGS:
+        import elastic.run_args
+
+        return getattr(elastic.run_args, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def get_use_env(args: argparse.Namespace) -> bool:
+    """torch's rule: a namespace without ``use_env`` (torchrun's) uses the environment;
+    the legacy launcher's (``--use-env`` not given) passes ``--local-rank`` instead."""
+    return bool(getattr(args, "use_env", True))
 
 _PROG = "elastic run"
 
@@ -48,12 +95,23 @@ def main(args: Sequence[str] | None = None) -> None:
     _run(args, raising=True)
 
 
+def run(args: argparse.Namespace) -> None:
+    """torch's ``run.run(args)``: launch from parsed arguments (:func:`parse_args`'s);
+    raise on failure as :func:`main` does."""
+    if not isinstance(args, argparse.Namespace):
+        raise TypeError(
+            f"run() takes the namespace parse_args() returns; got {type(args).__name__} "
+            "(for a list of command-line arguments, call main(args))"
+        )
+    _run(args, raising=True)
+
+
 def cli_main(argv: Sequence[str] | None = None) -> int:
     """Run ``elastic run`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     return _run(argv, raising=False)
 
 
-def _run(argv: Sequence[str] | None, raising: bool) -> int:
+def _run(argv: Sequence[str] | argparse.Namespace | None, raising: bool) -> int:
     # The reaper sidecar first (no orphans even if the agent is SIGKILLed; see
     # elastic.real.reaper): its interpreter starts on the CPU that the agent's
     # single-threaded imports below leave idle, instead of next to the workers later.
@@ -79,7 +137,9 @@ def _run(argv: Sequence[str] | None, raising: bool) -> int:
     return code
 
 
-def _main(argv: Sequence[str] | None, reaper: ReaperSidecar, raising: bool) -> int:
+def _main(
+    argv: Sequence[str] | argparse.Namespace | None, reaper: ReaperSidecar, raising: bool
+) -> int:
     from elastic.errors import ConfigError
 
     _configure_logging()
@@ -92,9 +152,14 @@ def _main(argv: Sequence[str] | None, reaper: ReaperSidecar, raising: bool) -> i
     gc.disable()
     try:
         try:
-            from elastic.run_args import parse
+            if isinstance(argv, argparse.Namespace):
+                from elastic.run_args import config_from_args
 
-            config, cmd, cmd_args = parse(sys.argv[1:] if argv is None else list(argv))
+                config, cmd, cmd_args = config_from_args(argv)
+            else:
+                from elastic.run_args import parse
+
+                config, cmd, cmd_args = parse(sys.argv[1:] if argv is None else list(argv))
         except ConfigError as e:
             if raising:
                 raise

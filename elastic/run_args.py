@@ -47,6 +47,7 @@ from elastic.rendezvous.utils import parse_rendezvous_config, parse_rendezvous_e
 __all__ = [
     "LaunchConfig",
     "Std",
+    "check_env_values",
     "config_from_args",
     "determine_local_world_size",
     "get_args_parser",
@@ -484,10 +485,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     own errors exit with status 2 after one line on stderr.
     """
     ns = get_args_parser().parse_args(list(argv) if argv is not None else None)
+    check_env_values(ns)
+    return ns
+
+
+def check_env_values(ns: argparse.Namespace) -> None:
+    """Raise the :class:`ConfigError` of the first bad ``PET_`` value ``ns`` holds."""
     for value in vars(ns).values():
         if isinstance(value, _BadEnv):
             raise value.error
-    return ns
 
 
 # --- from arguments to a launch config ----------------------------------------------
@@ -751,6 +757,10 @@ def config_from_args(
                 "--no-python", "cannot be used with -m/--module; expected one or the other"
             )
         cmd = a.training_script
+    if not getattr(a, "use_env", True):
+        # the legacy launcher without --use-env: each worker gets its rank as an argument
+        # (the agent replaces the macro per worker), before the script's own arguments
+        cmd_args.append("--local-rank=${local_rank}")
     cmd_args.extend(a.training_script_args)
     return config, cmd, cmd_args
 

@@ -41,9 +41,10 @@ def test_the_512_node_plot_is_a_band_drawn_in_10_s_and_300_mb(tmp_path: Path) ->
         load_scenario(ROOT / "scenarios" / "large_gpu_failures_every_3h.yaml"), keep_events=True
     )
     tracemalloc.start()
-    t0 = time.perf_counter()
+    # CPU time, not wall: on a loaded machine the wall clock measures the neighbours
+    t0 = time.process_time()
     labels = plot_timeline(result.events, str(tmp_path / "large.png"), "512")
-    took = time.perf_counter() - t0
+    took = time.process_time() - t0
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert took <= 10.0, took
