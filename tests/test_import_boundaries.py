@@ -34,6 +34,7 @@ REAL_ADAPTERS = {
     "elastic/agent/server/health_check_server.py",
     "elastic/multiprocessing/*",
     "elastic/multiprocessing/errors/*",
+    "elastic/multiprocessing/subprocess_handler/*",  # torch's Popen wrapper for one worker
     "elastic/metrics/api.py",
     "elastic/progress.py",
     "elastic/timer/wallclock.py",

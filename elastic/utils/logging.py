@@ -11,13 +11,15 @@ import logging
 import os
 import warnings
 
+from elastic.utils.log_level import get_log_level
+
 __all__ = ["get_logger"]
 
 
 def get_logger(name: str | None = None) -> logging.Logger:
     """The logger ``name``, or the caller's module's logger when ``name`` is None."""
     logger = logging.getLogger(name or _derive_module_name(depth=2))
-    logger.setLevel(os.environ.get("LOGLEVEL", "WARNING"))
+    logger.setLevel(os.environ.get("LOGLEVEL", get_log_level()))
     return logger
 
 
