@@ -78,6 +78,7 @@ def get_use_env(args: argparse.Namespace) -> bool:
     the legacy launcher's (``--use-env`` not given) passes ``--local-rank`` instead."""
     return bool(getattr(args, "use_env", True))
 
+
 _PROG = "elastic run"
 
 
