@@ -1109,7 +1109,17 @@ class _ExitTaker:
     the outcome.  An object, not a closure: a closure that listens with itself is a
     reference cycle, and its agent would be freed only by a full collection."""
 
-    __slots__ = ("_agent", "_by_local", "_cancel", "_exits", "_listen", "_size", "_take", "done")
+    __slots__ = (
+        "_agent",
+        "_by_local",
+        "_cancel",
+        "_exits",
+        "_listen",
+        "_size",
+        "_take",
+        "_workers",
+        "done",
+    )
 
     def __init__(
         self,
@@ -1124,7 +1134,10 @@ class _ExitTaker:
         self._take = take
         self._listen = listen
         self._exits = exits
-        self._by_local = {w.local_rank: w for w in workers}
+        # Performance: the workers by local rank are made when the first exit is taken
+        # (most groups are stopped for a restart before any of their workers exits)
+        self._workers = workers
+        self._by_local: dict[int, Worker] | None = None
         self._size = len(workers)
         self._cancel: Callable[[], None] | None = None
         self.done = done
@@ -1134,7 +1147,10 @@ class _ExitTaker:
         take, took = self._take, self._agent._took
         try:
             while (ex := take()) is not None:
-                outcome = took(ex, self._exits, self._by_local, self._size)
+                by_local = self._by_local
+                if by_local is None:
+                    by_local = self._by_local = {w.local_rank: w for w in self._workers}
+                outcome = took(ex, self._exits, by_local, self._size)
                 if outcome is not None:
                     self.done.set(outcome)
                     return
