@@ -914,7 +914,9 @@ class SimpleElasticAgent(ElasticAgent):
         workers = wg.workers
         # the arguments are the same for every worker unless one names its local rank
         shared: tuple[Any, ...] | None = None
-        if not any(isinstance(a, str) and "${local_rank}" in a for a in spec.args):
+        if not spec.args:
+            shared = ()  # Performance: no generator per check (the common case)
+        elif not any(isinstance(a, str) and "${local_rank}" in a for a in spec.args):
             shared = tuple(str(a) if isinstance(a, str) else a for a in spec.args)
         # the columns of the group: its launch record and its workers' START events
         local_ranks = [w.local_rank for w in workers]
