@@ -761,12 +761,15 @@ class SimpleElasticAgent(ElasticAgent):
             info: RendezvousInfo = await spec.rdzv_handler.next_rendezvous_async()
             self._rounds += 1
             self._round = info.round
-            self._emit(
+            self._emit_fields(
                 kinds.RENDEZVOUS,
-                duration_ms=round((clock.now() - t0) * 1000, 3),
-                round=info.round,
-                group_rank=info.rank,
-                group_world_size=info.world_size,
+                None,
+                {
+                    "duration_ms": round((clock.now() - t0) * 1000, 3),
+                    "round": info.round,
+                    "group_rank": info.rank,
+                    "group_world_size": info.world_size,
+                },
             )
             t1 = clock.now()
             # The round's membership watch starts now: it guards the rank exchange, if
@@ -820,12 +823,15 @@ class SimpleElasticAgent(ElasticAgent):
             Worker(r, base_global + r, base_role + r, world_size, role_world_size)
             for r in range(lws)
         ]
-        self._emit(
+        self._emit_fields(
             kinds.ASSIGN_WORKER_RANKS,
-            duration_ms=round((clock.now() - t1) * 1000, 3),
-            group_rank=info.rank,
-            world_size=assignment.world_size,
-            base_global_rank=assignment.base_global_rank,
+            None,
+            {
+                "duration_ms": round((clock.now() - t1) * 1000, 3),
+                "group_rank": info.rank,
+                "world_size": assignment.world_size,
+                "base_global_rank": assignment.base_global_rank,
+            },
         )
 
     def _rejoin(self, wg: WorkerGroup, outcome: Outcome) -> None:
