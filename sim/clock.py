@@ -142,13 +142,6 @@ def _waiting_for(ev: _OwnEvent) -> Generator[_OwnEvent, Any, Any]:
     return (yield ev)
 
 
-@types.coroutine
-def _sleeping(env: _Env, seconds: float) -> Generator[_Wake, Any, None]:
-    """A sleep of ``seconds`` (:meth:`SimClock.sleep` on the clock's own environment),
-    scheduled when it starts, as the coroutine it stands for."""
-    yield env.wake_after(seconds)
-
-
 #: the code of a one-shot's wait (what timeout() recognises, see _TimedWait)
 _WAITING_FOR = _waiting_for.__code__
 
@@ -938,15 +931,7 @@ class SimClock:
         # clock's own environment the time is already a float (see _Env.__init__)
         return env.now if type(env) is _Env else float(env.now)
 
-    def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
-        # Performance: on the clock's own environment, the wait itself (one generator,
-        # as a one-shot's wait: no coroutine frame around it)
-        env = self.env
-        if type(env) is _Env:
-            return _sleeping(env, seconds if seconds > 0 else 0.0)
-        return self._sleep(seconds)
-
-    async def _sleep(self, seconds: float) -> None:
+    async def sleep(self, seconds: float) -> None:
         await self.after(seconds)
 
     def after(self, seconds: float) -> Awaitable[None]:

@@ -782,9 +782,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._settings.run_id,
         )
         self._drop_round_watch()
-        lease = self._lease
-        if lease is None or not lease.alive():  # Performance: no coroutine while it lives
-            await self._ensure_lease()
+        await self._ensure_lease()
         store = self._store
         while True:
             raw_state, st = await self._current_state()
