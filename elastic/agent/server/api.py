@@ -761,12 +761,15 @@ class SimpleElasticAgent(ElasticAgent):
             info: RendezvousInfo = await spec.rdzv_handler.next_rendezvous_async()
             self._rounds += 1
             self._round = info.round
-            self._emit(
+            self._emit_fields(
                 kinds.RENDEZVOUS,
-                duration_ms=round((clock.now() - t0) * 1000, 3),
-                round=info.round,
-                group_rank=info.rank,
-                group_world_size=info.world_size,
+                None,
+                {
+                    "duration_ms": round((clock.now() - t0) * 1000, 3),
+                    "round": info.round,
+                    "group_rank": info.rank,
+                    "group_world_size": info.world_size,
+                },
             )
             t1 = clock.now()
             # The round's membership watch starts now: it guards the rank exchange, if
@@ -820,12 +823,15 @@ class SimpleElasticAgent(ElasticAgent):
             Worker(r, base_global + r, base_role + r, world_size, role_world_size)
             for r in range(lws)
         ]
-        self._emit(
+        self._emit_fields(
             kinds.ASSIGN_WORKER_RANKS,
-            duration_ms=round((clock.now() - t1) * 1000, 3),
-            group_rank=info.rank,
-            world_size=assignment.world_size,
-            base_global_rank=assignment.base_global_rank,
+            None,
+            {
+                "duration_ms": round((clock.now() - t1) * 1000, 3),
+                "group_rank": info.rank,
+                "world_size": assignment.world_size,
+                "base_global_rank": assignment.base_global_rank,
+            },
         )
 
     def _rejoin(self, wg: WorkerGroup, outcome: Outcome) -> None:
@@ -914,7 +920,9 @@ class SimpleElasticAgent(ElasticAgent):
         workers = wg.workers
         # the arguments are the same for every worker unless one names its local rank
         shared: tuple[Any, ...] | None = None
-        if not any(isinstance(a, str) and "${local_rank}" in a for a in spec.args):
+        if not spec.args:
+            shared = ()  # Performance: no generator per check (the common case)
+        elif not any(isinstance(a, str) and "${local_rank}" in a for a in spec.args):
             shared = tuple(str(a) if isinstance(a, str) else a for a in spec.args)
         # the columns of the group: its launch record and its workers' START events
         local_ranks = [w.local_rank for w in workers]
@@ -1109,7 +1117,17 @@ class _ExitTaker:
     the outcome.  An object, not a closure: a closure that listens with itself is a
     reference cycle, and its agent would be freed only by a full collection."""
 
-    __slots__ = ("_agent", "_by_local", "_cancel", "_exits", "_listen", "_size", "_take", "done")
+    __slots__ = (
+        "_agent",
+        "_by_local",
+        "_cancel",
+        "_exits",
+        "_listen",
+        "_size",
+        "_take",
+        "_workers",
+        "done",
+    )
 
     def __init__(
         self,
@@ -1124,7 +1142,10 @@ class _ExitTaker:
         self._take = take
         self._listen = listen
         self._exits = exits
-        self._by_local = {w.local_rank: w for w in workers}
+        # Performance: the workers by local rank are made when the first exit is taken
+        # (most groups are stopped for a restart before any of their workers exits)
+        self._workers = workers
+        self._by_local: dict[int, Worker] | None = None
         self._size = len(workers)
         self._cancel: Callable[[], None] | None = None
         self.done = done
@@ -1134,7 +1155,10 @@ class _ExitTaker:
         take, took = self._take, self._agent._took
         try:
             while (ex := take()) is not None:
-                outcome = took(ex, self._exits, self._by_local, self._size)
+                by_local = self._by_local
+                if by_local is None:
+                    by_local = self._by_local = {w.local_rank: w for w in self._workers}
+                outcome = took(ex, self._exits, by_local, self._size)
                 if outcome is not None:
                     self.done.set(outcome)
                     return
