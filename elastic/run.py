@@ -10,8 +10,12 @@ root cause's error file to its own ``TORCHELASTIC_ERROR_FILE``.
 :func:`main` is torch's ``torch.distributed.run.main(args)``: it raises what torch
 raises (``ValueError`` — our :class:`~elastic.errors.ConfigError` — for bad input,
 ``ChildFailedError`` when the job failed, ``SignalException`` when stopped) and returns
-``None``.  :func:`cli_main` is the command line's: it prints one line and returns the
-exit status above.
+``None``.  :func:`run` is torch's ``run(args)``: the same, from an already parsed
+namespace (:func:`parse_args`).  torch's other names here (``get_args_parser``,
+``parse_args``, ``parse_min_max_nnodes``, ``determine_local_world_size``,
+``config_from_args``, ``run_script_path``, ``get_rdzv_endpoint``, ``get_use_env``) are
+:mod:`elastic.run_args`'s, loaded on first use.  :func:`cli_main` is the command
+line's: it prints one line and returns the exit status above.
 
 The import path is kept light (no torch, no simulator; the agent's modules are
 imported only once the arguments are good): launch latency is a benchmark.
@@ -24,12 +28,78 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from elastic.real.reaper import ReaperSidecar
+    import argparse
 
-__all__ = ["cli_main", "main"]
+    from elastic.real.reaper import ReaperSidecar
+    from elastic.run_args import (
+        config_from_args,
+        determine_local_world_size,
+        get_args_parser,
+        parse_args,
+        parse_min_max_nnodes,
+        run_script_path,
+    )
+
+__all__ = [
+    "cli_main",
+    "config_from_args",
+    "determine_local_world_size",
+    "get_args_parser",
+    "get_rdzv_endpoint",
+    "get_use_env",
+    "main",
+    "parse_args",
+    "parse_min_max_nnodes",
+    "run",
+    "run_script_path",
+]
+
+#: torch's names in torch.distributed.run that live in elastic.run_args (imported lazily:
+#: the command line imports run_args itself only once it runs)
+_RUN_ARGS_NAMES = frozenset(
+    {
+        "config_from_args",
+        "determine_local_world_size",
+        "get_args_parser",
+        "parse_args",
+        "parse_min_max_nnodes",
+        "run_script_path",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _RUN_ARGS_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from elastic import run_args
+
+    return getattr(run_args, name)
+
+
+def get_rdzv_endpoint(args: argparse.Namespace) -> str:
+    """torch's rule: static rendezvous with no ``--rdzv-endpoint`` meets at the master's
+    address and port; otherwise the endpoint as given."""
+    if args.rdzv_backend == "static" and not args.rdzv_endpoint:
+        port = 29500 if args.master_port is None else args.master_port  # torch's default
+        return f"{args.master_addr}:{port}"
+    return str(args.rdzv_endpoint)
+
+
+def get_use_env(args: argparse.Namespace) -> bool:
+    """torch's rule: a namespace without ``use_env`` (torchrun's) means True."""
+    if not hasattr(args, "use_env"):
+        return True
+    return bool(args.use_env)
+
+
+def run(args: argparse.Namespace) -> None:
+    """torch's ``run(args)``: launch from parsed arguments (see :func:`parse_args`);
+    raises as :func:`main` does.  ``args`` is not changed."""
+    _run(None, raising=True, namespace=args)
+
 
 _PROG = "elastic run"
 
@@ -53,7 +123,9 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     return _run(argv, raising=False)
 
 
-def _run(argv: Sequence[str] | None, raising: bool) -> int:
+def _run(
+    argv: Sequence[str] | None, raising: bool, namespace: argparse.Namespace | None = None
+) -> int:
     # The reaper sidecar first (no orphans even if the agent is SIGKILLed; see
     # elastic.real.reaper): its interpreter starts on the CPU that the agent's
     # single-threaded imports below leave idle, instead of next to the workers later.
@@ -68,7 +140,7 @@ def _run(argv: Sequence[str] | None, raising: bool) -> int:
         print(f"{_PROG}: error: cannot start the reaper sidecar: {e}", file=sys.stderr)
         return 1
     try:
-        code = _main(argv, reaper, raising)
+        code = _main(argv, reaper, raising, namespace)
     except BaseException:
         # the agent dies of its own exception (or torch's API raises a failure): the
         # sidecar sweeps everything marked before it goes (a no-op when the agent
@@ -79,7 +151,12 @@ def _run(argv: Sequence[str] | None, raising: bool) -> int:
     return code
 
 
-def _main(argv: Sequence[str] | None, reaper: ReaperSidecar, raising: bool) -> int:
+def _main(
+    argv: Sequence[str] | None,
+    reaper: ReaperSidecar,
+    raising: bool,
+    namespace: argparse.Namespace | None = None,
+) -> int:
     from elastic.errors import ConfigError
 
     _configure_logging()
@@ -92,9 +169,14 @@ def _main(argv: Sequence[str] | None, reaper: ReaperSidecar, raising: bool) -> i
     gc.disable()
     try:
         try:
-            from elastic.run_args import parse
+            if namespace is not None:
+                from elastic.run_args import config_from_args
 
-            config, cmd, cmd_args = parse(sys.argv[1:] if argv is None else list(argv))
+                config, cmd, cmd_args = config_from_args(namespace)
+            else:
+                from elastic.run_args import parse
+
+                config, cmd, cmd_args = parse(sys.argv[1:] if argv is None else list(argv))
         except ConfigError as e:
             if raising:
                 raise
