@@ -114,3 +114,13 @@ def test_each_run_records_the_agents_status_once_even_with_the_null_handler(
         ("torchelastic.worker.status.SUCCEEDED", "AGENT", "null"),
         ("torchelastic.worker.status.SUCCEEDED", "AGENT", "null"),
     ]
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_event_handler_does_not_hide_the_runs_outcome(
+    tmp_path: Path, tagged: str
+) -> None:
+    with mock.patch("elastic.events.record", side_effect=RuntimeError("handler down")):
+        assert elastic_launch(_config(tmp_path), ok)() == {0: 1}
+        with pytest.raises(ChildFailedError):
+            elastic_launch(_config(tmp_path), boom)()

@@ -444,7 +444,11 @@ def _record_agent_status(config: LaunchConfig, event: Callable[[], Any]) -> None
     ``elastic.events.record`` -- where torch's tests and users' hooks look for it."""
     import elastic.events
 
-    elastic.events.record(event(), config.event_log_handler)
+    try:
+        elastic.events.record(event(), config.event_log_handler)
+    except Exception:
+        # a failing handler must not hide the run's own outcome (or exception)
+        logger.exception("could not record the agent's status event")
 
 
 def _event_log(
