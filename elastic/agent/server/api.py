@@ -502,7 +502,7 @@ class SimpleElasticAgent(ElasticAgent):
             "agent_restarts": self.restart_count,
             "duration_ms": None,
         }
-        return Event(f"torchelastic.worker.status.{state}", EventSource.AGENT, metadata=metadata)
+        return Event(kinds.WORKER_STATUS + state, EventSource.AGENT, metadata=metadata)
 
     # -- the agent loop ---------------------------------------------------------------------
     async def run_async(self, role: str = DEFAULT_ROLE) -> RunResult | None:
