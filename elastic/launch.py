@@ -92,7 +92,7 @@ def _cli() -> int:
             file=sys.stderr,
         )
         return 2
-    return _run(ns, raising=False)
+    return _run(None, raising=False, namespace=ns)
 
 
 if __name__ == "__main__":

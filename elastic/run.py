@@ -10,8 +10,12 @@ root cause's error file to its own ``TORCHELASTIC_ERROR_FILE``.
 :func:`main` is torch's ``torch.distributed.run.main(args)``: it raises what torch
 raises (``ValueError`` — our :class:`~elastic.errors.ConfigError` — for bad input,
 ``ChildFailedError`` when the job failed, ``SignalException`` when stopped) and returns
-``None``.  :func:`cli_main` is the command line's: it prints one line and returns the
-exit status above.
+``None``.  :func:`run` is torch's ``run(args)``: the same, from an already parsed
+namespace (:func:`parse_args`).  torch's other names here (``get_args_parser``,
+``parse_args``, ``parse_min_max_nnodes``, ``determine_local_world_size``,
+``config_from_args``, ``run_script_path``, ``get_rdzv_endpoint``, ``get_use_env``) are
+:mod:`elastic.run_args`'s, loaded on first use.  :func:`cli_main` is the command
+line's: it prints one line and returns the exit status above.
 
 The import path is kept light (no torch, no simulator; the agent's modules are
 imported only once the arguments are good): launch latency is a benchmark.
@@ -19,15 +23,16 @@ imported only once the arguments are good): launch latency is a benchmark.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import argparse
+
     from elastic.real.reaper import ReaperSidecar
     from elastic.run_args import (
         config_from_args,
@@ -43,6 +48,7 @@ __all__ = [
     "config_from_args",
     "determine_local_world_size",
     "get_args_parser",
+    "get_rdzv_endpoint",
     "get_use_env",
     "main",
     "parse_args",
@@ -51,9 +57,9 @@ __all__ = [
     "run_script_path",
 ]
 
-#: torch's ``torch.distributed.run`` names, defined in :mod:`elastic.run_args` and loaded
-#: on first use (the launch path imports them only once the command line is read)
-_FROM_RUN_ARGS = frozenset(
+#: torch's names in torch.distributed.run that live in elastic.run_args (imported lazily:
+#: the command line imports run_args itself only once it runs)
+_RUN_ARGS_NAMES = frozenset(
     {
         "config_from_args",
         "determine_local_world_size",
@@ -65,18 +71,41 @@ _FROM_RUN_ARGS = frozenset(
 )
 
 
-def __getattr__(name: str) -> object:
-    if name in _FROM_RUN_ARGS:
-        import elastic.run_args
+def __getattr__(name: str) -> Any:
+    if name not in _RUN_ARGS_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from elastic import run_args
 
-        return getattr(elastic.run_args, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(run_args, name)
+
+
+def get_rdzv_endpoint(args: argparse.Namespace) -> str:
+    """torch's rule: static rendezvous with no ``--rdzv-endpoint`` meets at the master's
+    address and port; otherwise the endpoint as given."""
+    if args.rdzv_backend == "static" and not args.rdzv_endpoint:
+        port = 29500 if args.master_port is None else args.master_port  # torch's default
+        return f"{args.master_addr}:{port}"
+    return str(args.rdzv_endpoint)
 
 
 def get_use_env(args: argparse.Namespace) -> bool:
-    """torch's rule: a namespace without ``use_env`` (torchrun's) uses the environment;
-    the legacy launcher's (``--use-env`` not given) passes ``--local-rank`` instead."""
-    return bool(getattr(args, "use_env", True))
+    """torch's rule: a namespace without ``use_env`` (torchrun's) means True."""
+    if not hasattr(args, "use_env"):
+        return True
+    return bool(args.use_env)
+
+
+def run(args: argparse.Namespace) -> None:
+    """torch's ``run(args)``: launch from parsed arguments (see :func:`parse_args`);
+    raises as :func:`main` does.  ``args`` is not changed."""
+    import argparse
+
+    if not isinstance(args, argparse.Namespace):
+        raise TypeError(
+            f"run() takes the namespace parse_args() returns; got {type(args).__name__} "
+            "(for a list of command-line arguments, call main(args))"
+        )
+    _run(None, raising=True, namespace=args)
 
 
 _PROG = "elastic run"
@@ -96,23 +125,14 @@ def main(args: Sequence[str] | None = None) -> None:
     _run(args, raising=True)
 
 
-def run(args: argparse.Namespace) -> None:
-    """torch's ``run.run(args)``: launch from parsed arguments (:func:`parse_args`'s);
-    raise on failure as :func:`main` does."""
-    if not isinstance(args, argparse.Namespace):
-        raise TypeError(
-            f"run() takes the namespace parse_args() returns; got {type(args).__name__} "
-            "(for a list of command-line arguments, call main(args))"
-        )
-    _run(args, raising=True)
-
-
 def cli_main(argv: Sequence[str] | None = None) -> int:
     """Run ``elastic run`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     return _run(argv, raising=False)
 
 
-def _run(argv: Sequence[str] | argparse.Namespace | None, raising: bool) -> int:
+def _run(
+    argv: Sequence[str] | None, raising: bool, namespace: argparse.Namespace | None = None
+) -> int:
     # The reaper sidecar first (no orphans even if the agent is SIGKILLed; see
     # elastic.real.reaper): its interpreter starts on the CPU that the agent's
     # single-threaded imports below leave idle, instead of next to the workers later.
@@ -127,7 +147,7 @@ def _run(argv: Sequence[str] | argparse.Namespace | None, raising: bool) -> int:
         print(f"{_PROG}: error: cannot start the reaper sidecar: {e}", file=sys.stderr)
         return 1
     try:
-        code = _main(argv, reaper, raising)
+        code = _main(argv, reaper, raising, namespace)
     except BaseException:
         # the agent dies of its own exception (or torch's API raises a failure): the
         # sidecar sweeps everything marked before it goes (a no-op when the agent
@@ -139,7 +159,10 @@ def _run(argv: Sequence[str] | argparse.Namespace | None, raising: bool) -> int:
 
 
 def _main(
-    argv: Sequence[str] | argparse.Namespace | None, reaper: ReaperSidecar, raising: bool
+    argv: Sequence[str] | None,
+    reaper: ReaperSidecar,
+    raising: bool,
+    namespace: argparse.Namespace | None = None,
 ) -> int:
     from elastic.errors import ConfigError
 
@@ -153,10 +176,10 @@ def _main(
     gc.disable()
     try:
         try:
-            if isinstance(argv, argparse.Namespace):
+            if namespace is not None:
                 from elastic.run_args import config_from_args
 
-                config, cmd, cmd_args = config_from_args(argv)
+                config, cmd, cmd_args = config_from_args(namespace)
             else:
                 from elastic.run_args import parse
 

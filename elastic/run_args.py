@@ -618,6 +618,20 @@ def run_script_path(training_script: str, *training_script_args: str) -> None:
     runpy.run_path(sys.argv[0], run_name="__main__")
 
 
+def _unquoted(raw: str) -> str:
+    """``raw`` without one pair of quotes around the whole of it.
+
+    A shell removes them; an exec-form command line (a container's ``args``, a job
+    spec) passes them on, and torch's own launcher tests write
+    ``--rdzv-conf='join_timeout=5,...'`` so.  No key or value of ours starts or ends
+    with a quote, so the pair can only be quoting.
+    """
+    s = raw.strip()
+    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":
+        return s[1:-1]
+    return raw
+
+
 def config_from_args(
     args: argparse.Namespace,
     *,
@@ -688,7 +702,7 @@ def config_from_args(
         )
 
     try:
-        rdzv_configs: dict[str, Any] = dict(parse_rendezvous_config(a.rdzv_conf))
+        rdzv_configs: dict[str, Any] = dict(parse_rendezvous_config(_unquoted(a.rdzv_conf)))
     except ValueError as e:
         raise ConfigError("--rdzv-conf", f"got {a.rdzv_conf!r}; {e}") from None
     why = check_rdzv_conf(a.rdzv_backend, rdzv_configs)

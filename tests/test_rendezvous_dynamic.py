@@ -373,3 +373,18 @@ def test_a_decider_dying_right_after_its_claim_delays_the_round_by_its_lease_at_
     # the last call, then the dead decider's lease (TTL after its last renewal), then
     # a live joiner's claim and decision -- not the 600 s join timeout
     assert took < LAST_CALL + TTL + 1.0, took
+
+
+def test_stop_heartbeats_is_a_lease_no_longer_renewed(world: str) -> None:
+    async def body(clock: Clock) -> tuple[str, float]:
+        store = MemoryStore(clock)
+        hs = make(clock, store, ["a", "b"], 2, 2)
+        await join_all(clock, hs)
+        watch = clock.spawn(hs[0].watch_async())
+        t0 = clock.now()
+        hs[1]._stop_heartbeats()
+        return await watch.join(), clock.now() - t0
+
+    reason, took = run_in(world, body)
+    assert reason == "peer_lost"
+    assert TTL <= took < TTL + 0.5

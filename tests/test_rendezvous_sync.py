@@ -165,3 +165,16 @@ def test_without_a_sync_runner_the_synchronous_api_says_what_is_missing() -> Non
         h.sync_runner = lt.run
         assert h.next_rendezvous().world_size == 1
         h.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_stop_heartbeats_from_torchs_side_lets_the_lease_expire_as_a_dead_node() -> None:
+    with LoopThread() as lt:
+        a, b = _handlers(lt, 2, keep_alive_interval=1, keep_alive_max_attempt=1)
+        _next_rendezvous_in_threads([a, b])
+        t0 = time.monotonic()
+        a._stop_heartbeats()  # type: ignore[attr-defined]  # torch's name, from this thread
+        a._stop_heartbeats()  # type: ignore[attr-defined]  # twice is harmless
+        assert lt.run(asyncio.wait_for(b.watch_async(), 30.0)) == "peer_lost"
+        assert time.monotonic() - t0 >= 0.9  # not at once: the lease ran out its 1 s
+        b.shutdown()

@@ -360,9 +360,16 @@ def test_event_log_handler_console_records_torchs_events_on_stderr(
     assert names.count(("torchelastic.worker.status.START", "WORKER")) == 2
     assert names.count(("torchelastic.worker.status.SUCCEEDED", "WORKER")) == 2
     assert ("RENDEZVOUS", "AGENT") in names and ("ASSIGN_WORKER_RANKS", "AGENT") in names
-    done = [e for e in recorded if e["name"] == "torchelastic.worker.status.SUCCEEDED"]
+    done = [
+        e
+        for e in recorded
+        if e["name"] == "torchelastic.worker.status.SUCCEEDED" and e["source"] == "WORKER"
+    ]
     assert sorted(e["metadata"]["global_rank"] for e in done) == [0, 1]
     assert {e["metadata"]["state"] for e in done} == {"SUCCEEDED"}
+    # and, last, the agent's own status, as torch's launch_agent records it
+    assert names[-1] == ("torchelastic.worker.status.SUCCEEDED", "AGENT")
+    assert recorded[-1]["metadata"]["raw_error"] is None
     # the default, "null", records nothing
     quiet = elastic_run(["--nproc-per-node", "1", train], tag)
     assert quiet.returncode == 0 and "torchelastic.worker.status" not in quiet.stderr

@@ -422,8 +422,10 @@ def _spec() -> Any:
     )
 
 
-def test_an_agent_overriding_torchs_synchronous_hooks_is_refused_at_construction() -> None:
-    from elastic.agent.server.api import SimpleElasticAgent, WorkerGroup
+def test_an_agent_overriding_torchs_synchronous_hooks_is_built_but_refused_when_run() -> None:
+    import asyncio
+
+    from elastic.agent.server.api import SimpleElasticAgent, WorkerGroup, WorkerState
 
     class Polling(SimpleElasticAgent):
         def _monitor_workers(self, worker_group: WorkerGroup) -> None:
@@ -433,11 +435,39 @@ def test_an_agent_overriding_torchs_synchronous_hooks_is_refused_at_construction
         def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:  # type: ignore[override]
             raise AssertionError
 
+    # torch's hooks are abstract there, so every torch-style subclass overrides them: it
+    # can still be built and its state read, as torch's own tests do
+    polling = Polling(_spec())
+    assert polling.get_worker_group().state == WorkerState.INIT
+    assert polling._remaining_restarts == 3
     with pytest.raises(TypeError, match=r"Polling\._monitor_workers overrides torch's hook"):
-        Polling(_spec())
+        polling.run()
     with pytest.raises(TypeError, match=r"SyncStart\._start_workers is synchronous") as e:
-        SyncStart(_spec())
+        asyncio.run(SyncStart(_spec()).run_async())
     assert "async def _start_workers" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_agents_status_events_carry_torchs_metadata() -> None:
+    import json
+
+    from elastic.agent.server.api import SimpleElasticAgent
+    from elastic.events.api import Event, EventSource
+
+    agent = SimpleElasticAgent(_spec())
+    ok = agent.get_event_succeeded()
+    assert isinstance(ok, Event) and ok.source == EventSource.AGENT
+    assert ok.name == "torchelastic.worker.status.SUCCEEDED"
+    md = ok.metadata
+    assert (md["state"], md["role"], md["rdzv_backend"]) == ("SUCCEEDED", "r", "mine")
+    assert md["raw_error"] is None and md["agent_restarts"] == 0 and md["global_rank"] is None
+    assert json.loads(str(md["metadata"])) == {"group_world_size": None, "entry_point": "x"}
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        bad = agent.get_event_failed()
+    assert bad.name == "torchelastic.worker.status.FAILED" and bad.metadata["state"] == "FAILED"
+    assert "RuntimeError: boom" in str(bad.metadata["raw_error"])
+    assert Event.deserialize(bad.serialize()) == bad
 
 
 def test_an_agent_overriding_the_async_hooks_is_accepted() -> None:

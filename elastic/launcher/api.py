@@ -324,7 +324,13 @@ async def _run_on_store(
             reaper=reaper,
             preload=config.preload,
         )
-        result = await _run_agent(agent, handler)
+        try:
+            result = await _run_agent(agent, handler)
+        except Exception:
+            _record_agent_status(config, agent.get_event_failed)
+            raise
+        # torch records SUCCEEDED once the agent returns, whatever its workers' outcome
+        _record_agent_status(config, agent.get_event_succeeded)
     finally:
         if event_file is not None:
             event_file.close()
@@ -430,6 +436,19 @@ def _recorder(config: LaunchConfig, run_id: str) -> EventSink | None:
             "--event-log-handler",
             f"got {config.event_log_handler!r}; expected one of {', '.join(handler_names())}",
         ) from None
+
+
+def _record_agent_status(config: LaunchConfig, event: Callable[[], Any]) -> None:
+    """torch's launch_agent records the agent's own status event to ``--event-log-handler``
+    once per run, after it (the default handler, ``null``, drops it), through
+    ``elastic.events.record`` -- where torch's tests and users' hooks look for it."""
+    import elastic.events
+
+    try:
+        elastic.events.record(event(), config.event_log_handler)
+    except Exception:
+        # a failing handler must not hide the run's own outcome (or exception)
+        logger.exception("could not record the agent's status event")
 
 
 def _event_log(

@@ -26,6 +26,7 @@ that finished first does not take the store away from the others' last writes.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -100,6 +101,14 @@ def _local_addresses() -> set[str]:
     return addrs
 
 
+def _is_loopback(host: str) -> bool:
+    """``host`` is a loopback address in any spelling (``127.0.0.2``, ``0:…:0:1``)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _resolve(host: str) -> list[str]:
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
@@ -110,7 +119,7 @@ def _resolve(host: str) -> list[str]:
 
 def matches_this_machine(host: str) -> bool:
     """torch's ``_matches_machine_hostname``: ``host`` names this machine."""
-    if host in ("localhost", "127.0.0.1", "::1"):
+    if host == "localhost" or _is_loopback(host):
         return True
     if host in (socket.gethostname(), socket.getfqdn()):
         return True

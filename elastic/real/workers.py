@@ -591,7 +591,7 @@ def _read_result(path: str) -> tuple[Any, str | None]:
         if size > _fn_runner.MAX_RESULT_BYTES + 64:
             return None, f"result file is {size} bytes (limit {_fn_runner.MAX_RESULT_BYTES})"
         with open(path, "rb") as f:
-            data = json.loads(f.read())
+            data = json.loads(f.read(), object_hook=_fn_runner.decode)
     except FileNotFoundError:
         return None, "the worker wrote no result"
     except (OSError, ValueError) as e:
@@ -606,7 +606,7 @@ def _read_result(path: str) -> tuple[Any, str | None]:
     if "unserialisable" in data:
         return None, (
             f"a {data['unserialisable']} is not JSON-serialisable; return JSON values "
-            "(dict, list, str, int, float, bool, None) from worker functions"
+            "(dict, list, str, int, float, bool, None) or torch tensors from worker functions"
         )
     if "too_large" in data:
         return None, f"the JSON value is {data['too_large']} bytes, over the 1 MiB limit"

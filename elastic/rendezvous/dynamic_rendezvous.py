@@ -957,6 +957,23 @@ class DynamicRendezvousHandler(RendezvousHandler):
             await self._lease.revoke()
             self._lease = None
 
+    def _stop_heartbeats(self) -> None:
+        """torch's name: stop this node's keep-alive.  Its lease is no longer renewed and
+        expires a ``heartbeat`` later, as a node whose keep-alive stopped does; nothing
+        is written now (a graceful leave is :meth:`leave_async`).  Called from torch's
+        synchronous side, it runs on the handler's loop, where the lease's renewal runs."""
+        lease = self._lease
+        if lease is None:
+            return
+        if self.sync_runner is None:
+            lease.abandon()
+            return
+
+        async def stop() -> None:
+            lease.abandon()
+
+        self._run(stop())
+
     # -- steps ------------------------------------------------------------------------
     async def _ensure_lease(self) -> None:
         if self._lease is not None and self._lease.alive():

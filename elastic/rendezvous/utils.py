@@ -1,12 +1,15 @@
 """Parsing of rendezvous endpoints and ``--rdzv-conf`` strings, with torch's rules and messages.
 
-Pure functions: no sockets, no clock.  torch's ``_matches_machine_hostname`` (which
-resolves names) is deliberately absent — host matching belongs to the real store adapter.
+Pure functions: no sockets, no clock.  torch's other helpers here, which resolve names,
+sleep or run a thread (``_matches_machine_hostname``, ``_delay``, ``_PeriodicTimer``), are
+real mode's (:mod:`elastic.real.rdzv_utils`) and handed out lazily by :func:`__getattr__`,
+so importing this module stays free of them.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 __all__ = ["parse_rendezvous_config", "parse_rendezvous_endpoint"]
 
@@ -84,3 +87,20 @@ def parse_rendezvous_endpoint(endpoint: str | None, default_port: int) -> tuple[
             "of labels, an IPv4 address, or an IPv6 address."
         )
     return host, port
+
+
+#: torch's names in this module -> their real-mode implementations
+_REAL_MODE_HELPERS = {
+    "_matches_machine_hostname": "matches_machine_hostname",
+    "_delay": "delay",
+    "_PeriodicTimer": "PeriodicTimer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    real = _REAL_MODE_HELPERS.get(name)
+    if real is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from elastic.real import rdzv_utils
+
+    return getattr(rdzv_utils, real)

@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import abc
 import inspect
+import json
 import warnings
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from elastic.agent.ranks import AgentAssignment, exchange_ranks_in_round
 from elastic.agent.server._decide import (
@@ -71,6 +72,9 @@ from elastic.workers import (
     WorkersPort,
 )
 from elastic.workers import worker_env as _env_from_base
+
+if TYPE_CHECKING:
+    from elastic.events.api import Event
 
 __all__ = [
     "DEFAULT_ROLE",
@@ -234,7 +238,8 @@ EnvHook = Callable[[WorkerGroup, Worker, dict[str, str]], None]
 #: torch's documented ``SimpleElasticAgent`` hooks (seed 001).  Ours that exist are
 #: coroutines; the others have no counterpart in the event-driven loop (worker exits are
 #: awaited, not monitored; stopping is the workers port's), so an override would never
-#: be called.  A subclass overriding one the wrong way is refused at construction.
+#: be called.  A subclass overriding one the wrong way is refused when it is run (it can
+#: be built, as torch's tests and users' subclasses do, and its other methods used).
 TORCH_HOOKS = (
     "_assign_worker_ranks",
     "_exit_barrier",
@@ -281,8 +286,9 @@ class SimpleElasticAgent(ElasticAgent):
 
     A subclass may override the asynchronous hooks (``_rendezvous``, ``_start_workers``,
     ``_initialize_workers``, ``_restart_workers``, ``_exit_barrier``).  One that
-    overrides torch's synchronous hooks is refused at construction with a ``TypeError``
-    naming the hook (see :func:`torch_hook_refusal`).
+    overrides torch's synchronous hooks (as every subclass of torch's abstract class
+    does) can be constructed, but :meth:`run` refuses it with a ``TypeError`` naming the
+    hook, before anything starts (see :func:`torch_hook_refusal`).
     """
 
     def __init__(
@@ -301,9 +307,6 @@ class SimpleElasticAgent(ElasticAgent):
         rank_exchange_timeout: float = 600,
         metrics_handler: MetricHandler | None = None,
     ) -> None:
-        refusal = torch_hook_refusal(type(self))
-        if refusal is not None:
-            raise TypeError(refusal)
         self._worker_group = WorkerGroup(spec)
         self._remaining_restarts = spec.max_restarts
         self._store: Store | None = None
@@ -441,6 +444,7 @@ class SimpleElasticAgent(ElasticAgent):
     # -- the synchronous API (real mode) ------------------------------------------------
     def run(self, role: str = DEFAULT_ROLE) -> RunResult | None:
         """Run the agent to the end on a fresh event loop (real mode)."""
+        self._refuse_torch_hooks()
         from elastic.metrics.api import ConfiguredMetricHandler
         from elastic.real.clock import AsyncioClock, run_sync
 
@@ -456,9 +460,54 @@ class SimpleElasticAgent(ElasticAgent):
         result: RunResult | None = run_sync(main())
         return result
 
+    def _refuse_torch_hooks(self) -> None:
+        """Raise ``TypeError`` if this agent's class overrides a torch hook it cannot run."""
+        refusal = torch_hook_refusal(type(self))
+        if refusal is not None:
+            raise TypeError(refusal)
+
+    # -- torch's agent-level status events (launch_agent records them) -----------------------
+    def get_event_succeeded(self) -> Event:
+        """torch's ``SUCCEEDED`` event of this agent (source ``AGENT``)."""
+        return self._agent_status_event("SUCCEEDED", None)
+
+    def get_event_failed(self) -> Event:
+        """torch's ``FAILED`` event of this agent; ``raw_error`` is the traceback of the
+        exception being handled (call it in an ``except`` block)."""
+        import traceback
+
+        return self._agent_status_event("FAILED", traceback.format_exc())
+
+    def _agent_status_event(self, state: str, raw_error: str | None) -> Event:
+        from elastic.events.api import Event, EventSource
+
+        wg = self._worker_group
+        spec = wg.spec
+        detail = {
+            "group_world_size": wg.group_world_size,
+            "entry_point": spec.get_entrypoint_name(),
+        }
+        metadata: dict[str, str | int | float | bool | None] = {
+            "run_id": spec.rdzv_handler.get_run_id(),
+            "global_rank": None,
+            "group_rank": wg.group_rank,
+            "worker_id": None,
+            "role": spec.role,
+            "hostname": _get_fq_hostname(),
+            "state": state,
+            "total_run_time": self._total_execution_time,
+            "rdzv_backend": spec.rdzv_handler.get_backend(),
+            "raw_error": raw_error,
+            "metadata": json.dumps(detail),
+            "agent_restarts": self.restart_count,
+            "duration_ms": None,
+        }
+        return Event(kinds.WORKER_STATUS + state, EventSource.AGENT, metadata=metadata)
+
     # -- the agent loop ---------------------------------------------------------------------
     async def run_async(self, role: str = DEFAULT_ROLE) -> RunResult | None:
         """Run the agent; ``None`` when this node exits gracefully from the rendezvous."""
+        self._refuse_torch_hooks()
         start = self.clock.now()
         spec = self._worker_group.spec
         # a torch-style synchronous handler runs in threads (real) or is refused (sim)

@@ -317,6 +317,7 @@ class LocalElasticAgent(SimpleElasticAgent):
     # -- the run -----------------------------------------------------------------------
     async def run_async(self, role: str = DEFAULT_ROLE) -> RunResult | None:
         """Run with signal handlers, timers, progress pipes and health endpoint set up."""
+        self._refuse_torch_hooks()
         if self._clock is None:
             from elastic.real.clock import AsyncioClock
 

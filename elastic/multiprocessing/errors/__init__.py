@@ -321,10 +321,19 @@ class ChildFailedError(ElasticError):
             signal_name=signal_name_str,
             cause=cause,
             error_file=printable(failure.error_file),
-            message=printable(failure.traceback_text()).replace("\n", "\n  "),
+            message=printable(self._failure_text(failure)).replace("\n", "\n  "),
         )
         width = max(len(line) for line in fmt.split("\n"))
         return fmt, width
+
+    @staticmethod
+    def _failure_text(failure: ProcessFailure) -> str:
+        """What the report shows under ``traceback``: the failure's own text, which the
+        error handler may enrich for a worker killed by a signal (torch's seam)."""
+        text = failure.traceback_text()
+        if failure.exitcode < 0:
+            text = get_error_handler().maybe_enrich_signal_failure_message(text, failure.error_file)
+        return text
 
 
 def record(
@@ -343,16 +352,18 @@ def record(
             error_handler.dump_error_file(root.error_file, root.exitcode); raise
         except Exception as e:
             error_handler.record_exception(e); raise
+        error_handler.record_success()    # returned: torch's success hook
 
     Use once per process, on ``main``.
     """
     handler = error_handler if error_handler is not None else get_error_handler()
+    handler.set_entrypoint_fn_name(getattr(fn, "__qualname__", None))
 
     @wraps(fn)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R | None:
         handler.initialize()
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except SystemExit as se:
             # A script run with runpy that calls exit(0) must not end its worker as failed.
             if se.code == 0:
@@ -373,5 +384,9 @@ def record(
         except Exception as e:
             handler.record_exception(e)
             raise
+        # outside the try: a record_success() that raises is not reported as the
+        # entrypoint's failure
+        handler.record_success()
+        return result
 
     return wrapper

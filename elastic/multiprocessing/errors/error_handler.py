@@ -91,8 +91,30 @@ class ErrorHandler:
     """Writes the exception that ends a process to ``TORCHELASTIC_ERROR_FILE`` as JSON.
 
     When the variable is unset, nothing is written (torch's behaviour).  Subclasses may
-    override :meth:`initialize` and :meth:`record_exception`.
+    override :meth:`initialize`, :meth:`record_exception`, :meth:`record_success` and
+    :meth:`maybe_enrich_signal_failure_message` (torch's extension points).
     """
+
+    #: the qualified name of the ``@record``-decorated entrypoint, once told; only logged
+    _fn_name: str | None = None
+
+    def set_entrypoint_fn_name(self, fn_name: str | None) -> None:
+        """Name the entrypoint this handler records for (``@record`` does), so that its
+        log lines say which function failed or returned.  The error file is unchanged."""
+        self._fn_name = fn_name
+
+    def record_success(self) -> None:
+        """The entrypoint returned without raising (``@record`` calls this).  Writes no
+        file; logs at debug level when the entrypoint's name is known."""
+        if self._fn_name:
+            logger.debug("entrypoint %s returned without an error", self._fn_name)
+
+    def maybe_enrich_signal_failure_message(self, message: str, error_file: str) -> str:
+        """The text shown for a worker killed by a signal (it has no traceback), given
+        the failure's message and error file.  This handler adds nothing; a subclass may
+        append context it finds next to ``error_file`` (device faults, say).  Called while
+        a report is rendered; the failure itself is not changed."""
+        return message
 
     def _get_error_file_path(self) -> str | None:
         """The file to write, or None to write nothing."""
@@ -119,6 +141,8 @@ class ErrorHandler:
 
     def record_exception(self, e: BaseException) -> None:
         """Write ``e`` (with the traceback being handled) in torch's error-file format."""
+        if self._fn_name:
+            logger.debug("entrypoint %s raised %s", self._fn_name, type(e).__name__)
         file = self._get_error_file_path()
         if file:
             data = {
