@@ -124,6 +124,21 @@ StartMethod = Literal["spawn", "fork"]
 
 _SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_exec_shim.py")
 _RUNNER = os.path.abspath(_fn_runner.__file__)
+#: put first on every worker's PYTHONPATH: its sitecustomize destroys a torch process
+#: group left initialised at a normal exit (see that file for why)
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
+
+
+def with_exit_hook(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with :data:`SITE_DIR` first on ``PYTHONPATH`` (changed in place, returned)."""
+    path = env.get("PYTHONPATH")
+    if not path:
+        env["PYTHONPATH"] = SITE_DIR
+    elif path.split(os.pathsep, 1)[0] != SITE_DIR:
+        env["PYTHONPATH"] = SITE_DIR + os.pathsep + path
+    return env
+
+
 _PR_SET_PDEATHSIG = 1
 _READ_CHUNK = 64 * 1024
 _KILL_ROUNDS = 20
@@ -835,7 +850,7 @@ class ProcessWorkers:
         try:
             for r in range(len(launches)):
                 la = by_rank[r]
-                env = {**os.environ, **la.env, **marker_env}
+                env = with_exit_hook({**os.environ, **la.env, **marker_env})
                 env[proctree.ERROR_FILE] = reify_envs[r].get(proctree.ERROR_FILE, "")
                 w = self._start_one(loop, group, la, env, dest, private_dir)
                 group._workers[r] = w
