@@ -355,6 +355,11 @@ SEGV = "crashed: SIGSEGV (raised by the process itself: a fault or abort())"
     [
         (-15, ExitCause.STOPPED_BY_AGENT, "killed by the agent (SIGTERM during group stop)"),
         (-9, ExitCause.STOPPED_BY_AGENT, "killed by the agent (SIGKILL during group stop)"),
+        (  # the agent sends no SIGABRT: an abort() in the worker while it was being stopped
+            -6,
+            ExitCause.STOPPED_BY_AGENT,
+            "crashed: SIGABRT (raised by the process itself while the agent stopped the group)",
+        ),
         (-9, ExitCause.SIGNALED, "killed from outside by SIGKILL"),
         (-9, ExitCause.OOM_KILLED, "killed by the kernel's OOM killer (SIGKILL)"),
         (-11, None, SEGV),

@@ -71,6 +71,12 @@ def describe_exit(exit_code: int, cause: ExitCause | None = None) -> str:
     if cause is ExitCause.LOST:
         return "lost with its node (no exit status was seen)"
     if cause is ExitCause.STOPPED_BY_AGENT:
+        if sig is not None and -exit_code in _SELF_INFLICTED:
+            # the agent stops workers with SIGTERM (or the signal it was stopped by) and
+            # SIGKILL: a fault signal during the stop is the worker's own crash
+            return (
+                f"crashed: {sig} (raised by the process itself while the agent stopped the group)"
+            )
         if sig is not None:
             return f"killed by the agent ({sig} during group stop)"
         return f"exited with code {exit_code} while the agent stopped the group"
