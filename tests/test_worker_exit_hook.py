@@ -59,10 +59,16 @@ def test_a_group_left_initialised_is_destroyed_at_a_normal_exit(
     destroyed: bool,
     code: int,
 ) -> None:
-    train = script(tmp_path, FAKE + f"import sys\n{ending}\n")
+    seen = (
+        "open(os.path.join(os.environ['OUT'], 'env.' + os.environ['LOCAL_RANK']), 'w')"
+        ".write(repr((os.environ.get('PYTHONPATH'), [p for p in sys.path if '_site' in p])))\n"
+    )
+    train = script(tmp_path, FAKE + seen + f"import sys\n{ending}\n")
     p = elastic_run(["--nproc-per-node", "2", "--max-restarts", "0", train], tag,
                     OUT=str(tmp_path))  # fmt: skip
     assert p.returncode == code, p.stderr[-2000:]
+    # no trace of the hook in what the worker sees (torchrun's environment)
+    assert (tmp_path / "env.0").read_text() == "(None, [])"
     got = sorted(f.name for f in tmp_path.glob("destroyed.*"))
     assert got == (["destroyed.0", "destroyed.1"] if destroyed else []), p.stderr[-2000:]
 
@@ -78,11 +84,14 @@ def test_off_switch_and_the_shadowed_sitecustomize_still_runs(
         "import os\nopen(os.path.join(os.environ['OUT'], 'user_site.' + "
         "os.environ['LOCAL_RANK']), 'w').close()\n"
     )
-    train = script(tmp_path, FAKE)
+    train = script(
+        tmp_path, FAKE + "open(os.environ['OUT'] + '/pp', 'w').write(os.environ['PYTHONPATH'])\n"
+    )
     p = elastic_run(["--nproc-per-node", "1", train], tag, OUT=str(tmp_path),
                     PYTHONPATH=str(user_site), ELASTIC_DESTROY_AT_EXIT="0")  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
     assert (tmp_path / "user_site.0").exists()  # the user's sitecustomize ran
+    assert (tmp_path / "pp").read_text() == str(user_site)  # the user's PYTHONPATH as given
     assert not list(tmp_path.glob("destroyed.*"))  # switched off
 
 

@@ -850,7 +850,7 @@ class ProcessWorkers:
         try:
             for r in range(len(launches)):
                 la = by_rank[r]
-                env = with_exit_hook({**os.environ, **la.env, **marker_env})
+                env = {**os.environ, **la.env, **marker_env}
                 env[proctree.ERROR_FILE] = reify_envs[r].get(proctree.ERROR_FILE, "")
                 w = self._start_one(loop, group, la, env, dest, private_dir)
                 group._workers[r] = w
@@ -949,8 +949,14 @@ class ProcessWorkers:
                 pid = self._fork(fork_fn, args, env, dups, result_path, cgroup)
             else:
                 # --preload: forked from the zygote when it can (None: start cold)
+                # an exec'd worker gets the exit hook from PYTHONPATH (its sitecustomize
+                # takes it out again); a zygote's fork does not (the zygote's interpreter
+                # starts with the workers' environment, which must match theirs)
                 zygote_pid = self.zygote.spawn(argv, env, dups, cgroup) if self.zygote else None
-                pid = _spawn(argv, env, dups, cgroup) if zygote_pid is None else zygote_pid
+                if zygote_pid is None:
+                    pid = _spawn(argv, with_exit_hook(dict(env)), dups, cgroup)
+                else:
+                    pid = zygote_pid
         finally:
             for fd in to_close:
                 os.close(fd)

@@ -486,10 +486,9 @@ class LocalElasticAgent(SimpleElasticAgent):
         if not isinstance(spec.entrypoint, str):
             logger.warning("--preload: ignored for a function entrypoint")
             return
-        from elastic.real.workers import with_exit_hook
         from elastic.real.zygote import Zygote
 
-        env = with_exit_hook({**os.environ, **self._extra_env})
+        env = {**os.environ, **self._extra_env}
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ.get(
             "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
         )

@@ -13,8 +13,9 @@ A worker that ends by an unhandled exception is left as it is (its exit code rep
 the failure either way, and a destroy could wait on peers that are gone).
 
 The ``sitecustomize`` this one shadows (a distribution's or the user's, later on
-``sys.path``) is then run as Python would have run it.  ``ELASTIC_DESTROY_AT_EXIT=0``
-in the workers' environment turns the hook off.
+``sys.path``) is then run as Python would have run it, and this directory is taken out of
+``PYTHONPATH`` and ``sys.path`` again (the worker's environment is torchrun's).
+``ELASTIC_DESTROY_AT_EXIT=0`` in the workers' environment turns the hook off.
 """
 
 from __future__ import annotations
@@ -62,6 +63,19 @@ def _chain() -> None:
     spec.loader.exec_module(module)
 
 
+def _leave_no_trace() -> None:
+    """Take this directory out of ``PYTHONPATH`` and ``sys.path`` again: the worker sees the
+    environment torchrun would give it, and its own subprocesses do not get the hook."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if p != here]
+    path = os.environ.get("PYTHONPATH")
+    if path == here:
+        del os.environ["PYTHONPATH"]
+    elif path is not None and path.startswith(here + os.pathsep):
+        os.environ["PYTHONPATH"] = path[len(here) + 1 :]
+
+
 if os.environ.get("ELASTIC_DESTROY_AT_EXIT", "1") != "0":
     _install()
 _chain()
+_leave_no_trace()
