@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from elastic.errors import ConfigError
+from elastic.real.workers import SITE_DIR
 from elastic.real.zygote import python_command
 from elastic.run_args import parse
 from tests.test_run_cli import (
@@ -104,7 +105,11 @@ def _probe(tmp_path: Path, tag: str, name: str, *flags: str, module: bool = Fals
     state = json.loads((out / "state.0").read_text())
     for key in _PER_RUN:
         state["env"].pop(key, None)
-    state["proc_env"] = [e for e in state["proc_env"] if not e.startswith(_PER_RUN)]
+    # a cold worker's exec-time environment block (what /proc shows) carries the exit hook's
+    # PYTHONPATH, which its sitecustomize takes out of os.environ; a zygote's fork never has
+    # it (elastic/real/_site/sitecustomize.py)
+    hook = f"PYTHONPATH={SITE_DIR}"
+    state["proc_env"] = [e for e in state["proc_env"] if not e.startswith(_PER_RUN) and e != hook]
     return state, p.stderr
 
 
