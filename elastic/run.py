@@ -38,6 +38,8 @@ if TYPE_CHECKING:
         config_from_args,
         determine_local_world_size,
         get_args_parser,
+        get_rdzv_endpoint,
+        get_use_env,
         parse_args,
         parse_min_max_nnodes,
         run_script_path,
@@ -64,6 +66,8 @@ _RUN_ARGS_NAMES = frozenset(
         "config_from_args",
         "determine_local_world_size",
         "get_args_parser",
+        "get_rdzv_endpoint",
+        "get_use_env",
         "parse_args",
         "parse_min_max_nnodes",
         "run_script_path",
@@ -77,22 +81,6 @@ def __getattr__(name: str) -> Any:
     from elastic import run_args
 
     return getattr(run_args, name)
-
-
-def get_rdzv_endpoint(args: argparse.Namespace) -> str:
-    """torch's rule: static rendezvous with no ``--rdzv-endpoint`` meets at the master's
-    address and port; otherwise the endpoint as given."""
-    if args.rdzv_backend == "static" and not args.rdzv_endpoint:
-        port = 29500 if args.master_port is None else args.master_port  # torch's default
-        return f"{args.master_addr}:{port}"
-    return str(args.rdzv_endpoint)
-
-
-def get_use_env(args: argparse.Namespace) -> bool:
-    """torch's rule: a namespace without ``use_env`` (torchrun's) means True."""
-    if not hasattr(args, "use_env"):
-        return True
-    return bool(args.use_env)
 
 
 def run(args: argparse.Namespace) -> None:

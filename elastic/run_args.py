@@ -48,6 +48,8 @@ __all__ = [
     "LaunchConfig",
     "Std",
     "check_env_values",
+    "get_rdzv_endpoint",
+    "get_use_env",
     "config_from_args",
     "determine_local_world_size",
     "get_args_parser",
@@ -716,11 +718,7 @@ def config_from_args(
                 f"got {a.node_rank}; expected 0..{max_nodes - 1} (one rank per node of --nnodes)",
             )
         rdzv_configs["rank"] = a.node_rank
-    endpoint = (
-        f"{a.master_addr}:{a.master_port}"
-        if a.rdzv_backend == "static" and not a.rdzv_endpoint
-        else a.rdzv_endpoint
-    )
+    endpoint = get_rdzv_endpoint(a)
 
     config = LaunchConfig(
         min_nodes=min_nodes,
@@ -771,12 +769,27 @@ def config_from_args(
                 "--no-python", "cannot be used with -m/--module; expected one or the other"
             )
         cmd = a.training_script
-    if not getattr(a, "use_env", True):
+    if not get_use_env(a):
         # the legacy launcher without --use-env: each worker gets its rank as an argument
         # (the agent replaces the macro per worker), before the script's own arguments
         cmd_args.append("--local-rank=${local_rank}")
     cmd_args.extend(a.training_script_args)
     return config, cmd, cmd_args
+
+
+def get_rdzv_endpoint(args: argparse.Namespace) -> str:
+    """torch's rule: static rendezvous with no ``--rdzv-endpoint`` meets at the master's
+    address and port (default 29500); otherwise the endpoint as given."""
+    if args.rdzv_backend == "static" and not args.rdzv_endpoint:
+        port = DEFAULT_MASTER_PORT if args.master_port is None else args.master_port
+        return f"{args.master_addr}:{port}"
+    return str(args.rdzv_endpoint)
+
+
+def get_use_env(args: argparse.Namespace) -> bool:
+    """torch's rule: a namespace without ``use_env`` (torchrun's) uses the environment;
+    the legacy launcher's without ``--use-env`` passes ``--local-rank`` instead."""
+    return bool(getattr(args, "use_env", True))
 
 
 def _preload(raw: str) -> tuple[str, ...]:
