@@ -215,14 +215,7 @@ class WorkerEvents(Frozen):
                 raise ValueError(
                     f"WorkerEvents column {k!r} has {len(col)} values; expected one per rank ({n})"
                 )
-        _g_t(self, t)
-        _g_node(self, node)
-        _g_kind(self, kind)
-        _g_role(self, role)
-        _g_ranks(self, ranks)
-        _g_keys(self, keys)
-        _g_fields(self, fields)
-        _g_columns(self, columns)
+        _fill(self, t, node, kind, role, ranks, keys, fields, columns)
 
     @classmethod
     def unchecked(
@@ -243,14 +236,7 @@ class WorkerEvents(Frozen):
         Performance: the checks (two sets, a union, a loop over the columns) were a
         third of a record's making, and the agent makes two per node per job restart."""
         self = cls.__new__(cls)
-        _g_t(self, t)
-        _g_node(self, node)
-        _g_kind(self, kind)
-        _g_role(self, role)
-        _g_ranks(self, ranks)
-        _g_keys(self, keys)
-        _g_fields(self, fields)
-        _g_columns(self, columns)
+        _fill(self, t, node, kind, role, ranks, keys, fields, columns)
         return self
 
     def __len__(self) -> int:
@@ -289,6 +275,28 @@ class WorkerEvents(Frozen):
 _g_t, _g_node, _g_kind, _g_role, _g_ranks, _g_keys, _g_fields, _g_columns = slot_setters(
     WorkerEvents, "t", "node", "kind", "role", "ranks", "keys", "fields", "columns"
 )
+
+
+def _fill(
+    self: WorkerEvents,
+    t: float,
+    node: int | str,
+    kind: str,
+    role: str,
+    ranks: Sequence[int | None],
+    keys: tuple[str, ...],
+    fields: Mapping[str, Any],
+    columns: Mapping[str, Sequence[Any]],
+) -> None:
+    """Set a (frozen) record's slots: what ``__init__`` and ``unchecked`` share."""
+    _g_t(self, t)
+    _g_node(self, node)
+    _g_kind(self, kind)
+    _g_role(self, role)
+    _g_ranks(self, ranks)
+    _g_keys(self, keys)
+    _g_fields(self, fields)
+    _g_columns(self, columns)
 
 
 class EventSink(Protocol):
