@@ -31,6 +31,17 @@ with open(os.path.join(a.out, "r" + os.environ["LOCAL_RANK"]), "w") as f:
 """
 
 
+def _out(tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    out.mkdir()
+    return out
+
+
+def _written(out: Path) -> dict[str, str]:
+    """What each worker wrote: its --local-rank (None if not given) and its arguments."""
+    return {p.name: p.read_text() for p in out.iterdir()}
+
+
 def _script(tmp_path: Path) -> Path:
     s = tmp_path / "script.py"
     s.write_text(SCRIPT)
@@ -84,13 +95,11 @@ def test_main_warns_then_every_worker_reads_its_rank_from_its_arguments(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(TAG, tag)
-    out = tmp_path / "out"
-    out.mkdir()
+    out = _out(tmp_path)
     args = ["--nproc-per-node", "2", "--monitor-interval", "0.1"]
     with pytest.warns(FutureWarning, match="torch.distributed.launch is deprecated"):
         elastic.launch.main([*args, str(_script(tmp_path)), "--out", str(out)])
-    got = {p.name: p.read_text() for p in out.iterdir()}
-    assert got == {
+    assert _written(out) == {
         "r0": f"0 --local-rank=0 --out {out}",
         "r1": f"1 --local-rank=1 --out {out}",
     }
@@ -103,12 +112,11 @@ def test_run_with_parsed_arguments_launches_with_the_rank_in_the_environment_onl
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(TAG, tag)
-    out = tmp_path / "out"
-    out.mkdir()
+    out = _out(tmp_path)
     script = str(_script(tmp_path))
     ns = elastic.run.parse_args(["--nproc-per-node", "2", script, "--out", str(out)])
     elastic.run.run(ns)
-    assert {p.name: p.read_text() for p in out.iterdir()} == {
+    assert _written(out) == {
         "r0": f"None --out {out}",
         "r1": f"None --out {out}",
     }
@@ -116,8 +124,7 @@ def test_run_with_parsed_arguments_launches_with_the_rank_in_the_environment_onl
 
 @pytest.mark.timeout(90)
 def test_the_module_command_line(tmp_path: Path, tag: str) -> None:  # noqa: F811
-    out = tmp_path / "out"
-    out.mkdir()
+    out = _out(tmp_path)
     env = dict(os.environ, **{TAG: tag})
     script = str(_script(tmp_path))
     p = subprocess.run(
