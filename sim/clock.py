@@ -383,6 +383,27 @@ class _SimOneShot(OneShot):
         return await _Yield(ev)
 
 
+def _subscribe(waiter: Callable[[Any], None], events: tuple[Any, ...]) -> None:
+    """An any-of's start: ``waiter`` is called with each event that has fired already and
+    becomes a callback of the others (the object itself, so removal is an identity test)."""
+    for event in events:
+        if event.callbacks is None:
+            waiter(event)
+        else:
+            event.callbacks.append(waiter)
+
+
+def _unsubscribe(waiter: Callable[[Any], None], events: tuple[Any, ...]) -> None:
+    """An any-of is processed: out of the callbacks of the events still pending."""
+    for event in events:
+        callbacks = event.callbacks
+        if callbacks:
+            try:  # noqa: SIM105  (one scan of the list, no context manager)
+                callbacks.remove(waiter)
+            except ValueError:
+                pass
+
+
 class _AnyOf(_Awaitable, Event):
     """simpy's ``AnyOf`` as ``first()`` and ``timeout()`` use it, cheaper: the same
     callbacks in the same places and the same one event scheduled when the first of
@@ -394,12 +415,7 @@ class _AnyOf(_Awaitable, Event):
     def __init__(self, env: simpy.Environment, events: tuple[Event, ...]) -> None:
         super().__init__(env)
         self.events = events
-        for event in events:
-            if event.callbacks is None:
-                self(event)
-            else:
-                # the object itself is the callback: removing it is an identity test
-                event.callbacks.append(self)
+        _subscribe(self, events)
         self.callbacks.append(self._remove)
 
     def __call__(self, event: Event) -> None:
@@ -412,13 +428,7 @@ class _AnyOf(_Awaitable, Event):
             self.succeed()
 
     def _remove(self, _ev: Event) -> None:
-        for event in self.events:
-            callbacks = event.callbacks
-            if callbacks:
-                try:  # noqa: SIM105  (one scan of the list, no context manager)
-                    callbacks.remove(self)
-                except ValueError:
-                    pass
+        _unsubscribe(self, self.events)
 
 
 class _Race(_Awaitable):
@@ -439,12 +449,7 @@ class _Race(_Awaitable):
         self.defused = False
         self._triggered = False
         self.callbacks: list[Callable[[Any], None]] | None = []
-        for event in events:
-            if event.callbacks is None:
-                self(event)
-            else:
-                # the object itself is the callback: removing it is an identity test
-                event.callbacks.append(self)
+        _subscribe(self, events)
         self.callbacks.append(self._remove)
 
     def __call__(self, event: Any) -> None:
@@ -458,13 +463,7 @@ class _Race(_Awaitable):
         self._env.schedule(self)
 
     def _remove(self, _ev: Any) -> None:
-        for event in self.events:
-            callbacks = event.callbacks
-            if callbacks:
-                try:  # noqa: SIM105  (one scan of the list, no context manager)
-                    callbacks.remove(self)
-                except ValueError:
-                    pass
+        _unsubscribe(self, self.events)
 
 
 class _Ended:
