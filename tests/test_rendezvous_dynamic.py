@@ -375,6 +375,46 @@ def test_a_decider_dying_right_after_its_claim_delays_the_round_by_its_lease_at_
     assert took < LAST_CALL + TTL + 1.0, took
 
 
+class _SlowJoinWrite(_DyingStore):
+    """A node's view of the store whose write of its joiner key (``r<r>/m/<node>``) takes
+    ``delay`` seconds: its arrival index is counted, its key is not there yet."""
+
+    def __init__(self, store: MemoryStore, lease_of: DynamicRendezvousHandler, delay: float):
+        super().__init__(store, lease_of)
+        self._delay = delay
+
+    async def set(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
+        if key.endswith("/m/" + self._handler.node_id):
+            await self._handler._clock.sleep(self._delay)
+        await self._store.set(key, value, lease=lease)
+
+
+def test_the_min_nodes_th_arrival_starts_the_last_call_before_the_others_keys_are_written(
+    world: str,
+) -> None:
+    """A joiner counts itself (``add``) and then writes its key (``set``).  The arrival
+    that reaches ``min_nodes`` while an earlier joiner's key is still in flight sees
+    fewer than ``min_nodes - 1`` joiners before it; it starts the last call all the same,
+    else a round of ``min_nodes`` live joiners below ``max_nodes`` waits for a last call
+    nobody started, until its join timeout (seen with two agents re-forming at once)."""
+
+    async def body(clock: Clock) -> tuple[list[RendezvousInfo], float]:
+        store = MemoryStore(clock)
+        a, b = make(clock, store, ["a", "b"], 2, 3)
+        a._store = _SlowJoinWrite(store, a, 0.05)  # type: ignore[assignment]
+        t0 = clock.now()
+        first = clock.spawn(a.next_rendezvous_async(), name="a")
+        await clock.sleep(0.01)  # a has counted itself; its key is not written yet
+        second = clock.spawn(b.next_rendezvous_async(), name="b")
+        infos = [await first.join(), await second.join()]
+        return infos, clock.now() - t0
+
+    infos, took = run_in(world, body)
+    agree(infos, ["a", "b"])
+    assert infos[0].round == 0
+    assert took < LAST_CALL + 1.0, took  # the last call, not the 5 s join timeout
+
+
 def test_stop_heartbeats_is_a_lease_no_longer_renewed(world: str) -> None:
     async def body(clock: Clock) -> tuple[str, float]:
         store = MemoryStore(clock)

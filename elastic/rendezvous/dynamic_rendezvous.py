@@ -1060,7 +1060,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 seen = before >= core.min_nodes
                 # (by index too: a joiner before it may not have written its key yet)
                 direct = n == core.max_nodes or before + 1 == core.max_nodes
-                if before + 1 == core.min_nodes:
+                # The min_nodes-th arrival always arms it: the joiners before it may not
+                # have written their keys yet (add, then set), and if it saw fewer than
+                # min_nodes - 1 of them, no later arrival need see exactly that many: a
+                # round of min_nodes live joiners (and fewer than max_nodes) would then
+                # wait for a last call nobody started, until the join timeout.
+                if before + 1 == core.min_nodes or n == core.min_nodes:
                     my_call = await self._arm_last_call(r, token)
                     seen = True
             # the value is the arrival index: who came before whom, for the last call
