@@ -96,10 +96,13 @@ def test_argparse_messages_become_flag_value_expected() -> None:
 
 
 def test_argparse_choices_become_flag_value_expected() -> None:
-    assert plain(
-        "argument --start-method/--start_method: invalid choice: 'zap' "
-        "(choose from 'spawn', 'fork', 'forkserver')"
-    ) == "--start-method: got 'zap'; expected one of 'spawn', 'fork', 'forkserver'"
+    assert (
+        plain(
+            "argument --start-method/--start_method: invalid choice: 'zap' "
+            "(choose from 'spawn', 'fork', 'forkserver')"
+        )
+        == "--start-method: got 'zap'; expected one of 'spawn', 'fork', 'forkserver'"
+    )
 
 
 @pytest.mark.parametrize(

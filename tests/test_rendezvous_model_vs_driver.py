@@ -100,6 +100,8 @@ def ttl(node: str) -> float:
     """Each node's lease time-to-live: 15.5 s plus a hundredth per node index, so that
     leases of nodes that crashed at the same second expire one after the other."""
     return TTL + NODES.index(node) / 100
+
+
 LAST_CALL = 30.25
 JOIN = 1e6  # out of reach: join timeouts are not compared here
 

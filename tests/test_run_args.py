@@ -57,8 +57,15 @@ ARGVS: list[list[str]] = [
     ["train.py"],
     ["--nproc-per-node=4", "train.py", "--lr", "0.1", "--nnodes", "7"],
     ["--nproc_per_node", "2", "--nnodes", "1:4", "--rdzv_backend", "c10d", "x.py"],
-    ["--rdzv-endpoint", "h:29400", "--rdzv-id", "job", "--rdzv-conf", "read_timeout=1,token=c=d",
-     "x.py"],
+    [
+        "--rdzv-endpoint",
+        "h:29400",
+        "--rdzv-id",
+        "job",
+        "--rdzv-conf",
+        "read_timeout=1,token=c=d",
+        "x.py",
+    ],
     ["--standalone", "--max_restarts", "3", "--monitor-interval", "0.5", "x.py"],
     ["--start-method", "fork", "--role", "trainer", "-m", "pkg.mod", "a", "-b"],
     ["--no-python", "--log-dir", "/tmp/l", "-r", "3", "-t", "0:1,1:2", "prog"],
@@ -319,14 +326,37 @@ def test_unknown_rdzv_conf_keys_are_refused_in_one_line_naming_them() -> None:
     e = config_error(["--rdzv-conf", "join_timout=5", "x.py"])
     assert e.where == "--rdzv-conf"
     assert "'join_timout'" in e.message and "join_timeout" in e.message
-    e = config_error(["--rdzv-backend", "static", "--master-port", "1", "--rdzv-conf",
-                      "is_host=1", "x.py"])
+    e = config_error(
+        ["--rdzv-backend", "static", "--master-port", "1", "--rdzv-conf", "is_host=1", "x.py"]
+    )
     assert "'is_host'" in e.message and "static" in e.message
-    e = config_error(["--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "--nnodes", "2",
-                      "--rdzv-conf", "store_type=file", "x.py"])
+    e = config_error(
+        [
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "h:1",
+            "--nnodes",
+            "2",
+            "--rdzv-conf",
+            "store_type=file",
+            "x.py",
+        ]
+    )
     assert "store_type" in e.message and "tcp" in e.message
-    c, _, _ = cfg(["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "a:2379,b:2379",
-                   "--nnodes", "2", "--rdzv-conf", "protocol=https,cacert=/c,key=/k", "x.py"])
+    c, _, _ = cfg(
+        [
+            "--rdzv-backend",
+            "etcd-v2",
+            "--rdzv-endpoint",
+            "a:2379,b:2379",
+            "--nnodes",
+            "2",
+            "--rdzv-conf",
+            "protocol=https,cacert=/c,key=/k",
+            "x.py",
+        ]
+    )
     assert c.rdzv_configs["protocol"] == "https"
 
 

@@ -32,7 +32,7 @@ def test_ruff_is_clean_on_elastic_sim_and_tests() -> None:
     )
     assert r.returncode == 0, r.stdout[-4000:]
     r = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "--check", "elastic", "sim"],
+        [sys.executable, "-m", "ruff", "format", "--check", "elastic", "sim", "tests"],
         cwd=ROOT,
         capture_output=True,
         text=True,
