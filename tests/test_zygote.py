@@ -108,8 +108,15 @@ def _probe(tmp_path: Path, tag: str, name: str, *flags: str, module: bool = Fals
     # a cold worker's exec-time environment block (what /proc shows) carries the exit hook's
     # PYTHONPATH, which its sitecustomize takes out of os.environ; a zygote's fork never has
     # it (elastic/real/_site/sitecustomize.py)
-    hook = f"PYTHONPATH={SITE_DIR}"
-    state["proc_env"] = [e for e in state["proc_env"] if not e.startswith(_PER_RUN) and e != hook]
+    inherited = os.environ.get("PYTHONPATH")
+    hooked = "PYTHONPATH=" + (SITE_DIR if not inherited else SITE_DIR + os.pathsep + inherited)
+    unhooked = [] if inherited is None else [f"PYTHONPATH={inherited}"]
+    state["proc_env"] = [
+        v
+        for e in state["proc_env"]
+        if not e.startswith(_PER_RUN)
+        for v in (unhooked if e == hooked else [e])
+    ]
     return state, p.stderr
 
 
