@@ -16,13 +16,14 @@ process trees with psutil) and :class:`sim.workers.SimWorkers` (worker models).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, overload
 
 from elastic._records import Frozen, slot_setters
 
 __all__ = [
     "ExitCause",
+    "ExitList",
     "GroupLaunch",
     "GroupWorkersPort",
     "ListenedGroup",
@@ -304,6 +305,78 @@ class WorkerExit(Frozen):
 )
 
 
+class ExitList(Sequence[WorkerExit]):
+    """The exits a stop caused, in order: a sequence of :class:`WorkerExit`, and the same
+    exits as two columns, ``local_ranks`` and ``exit_codes`` (what the agent reports of
+    a stopped group), which can be read without making the records.
+
+    A port may build the records only when the sequence is first read (``make``: the
+    simulator stops eight workers per node per job restart, and the agent reads only the
+    columns of most stops); :meth:`of` wraps records already made.  Equal to any
+    sequence of the same exits (a list included)."""
+
+    __slots__ = ("_items", "_make", "exit_codes", "local_ranks")
+
+    def __init__(
+        self,
+        local_ranks: list[int],
+        exit_codes: list[int],
+        make: Callable[[], list[WorkerExit]],
+    ) -> None:
+        if len(local_ranks) != len(exit_codes):
+            raise ValueError(
+                f"ExitList columns have {len(local_ranks)} and {len(exit_codes)} values; "
+                "expected one per exit in each"
+            )
+        self.local_ranks = local_ranks
+        self.exit_codes = exit_codes
+        self._make: Callable[[], list[WorkerExit]] | None = make
+        self._items: list[WorkerExit] | None = None
+
+    @classmethod
+    def of(cls, exits: Iterable[WorkerExit]) -> ExitList:
+        """The exits of ``exits``, made already (a port that has the records)."""
+        items = list(exits)
+        out = cls([ex.local_rank for ex in items], [ex.exit_code for ex in items], list)
+        out._items, out._make = items, None
+        return out
+
+    def _all(self) -> list[WorkerExit]:
+        items = self._items
+        if items is None:
+            make, self._make = self._make, None
+            assert make is not None
+            items = self._items = make()
+        return items
+
+    def __len__(self) -> int:
+        return len(self.local_ranks)
+
+    @overload
+    def __getitem__(self, i: int) -> WorkerExit: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[WorkerExit]: ...
+
+    def __getitem__(self, i: int | slice) -> WorkerExit | list[WorkerExit]:
+        return self._all()[i]
+
+    def __iter__(self) -> Iterator[WorkerExit]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ExitList):
+            return self._all() == other._all()
+        if isinstance(other, list | tuple):
+            return self._all() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists: unhashable as they are
+
+    def __repr__(self) -> str:
+        return f"ExitList({self._all()!r})"
+
+
 class RunningGroup(Protocol):
     """A started group of workers."""
 
@@ -322,11 +395,13 @@ class RunningGroup(Protocol):
     def signal(self, sig: int, local_rank: int | None = None) -> None:
         """Send ``sig`` to one worker (or all), without waiting."""
 
-    async def stop(self, grace: float, sig: int = 15) -> list[WorkerExit]:
+    async def stop(self, grace: float, sig: int = 15) -> Sequence[WorkerExit]:
         """Graceful signal, ``grace`` seconds, then kill; return once all are gone.
 
-        Returns the exits the stop caused; they are queued for ``next_exit`` too, so
-        after a stop ``next_exit`` returns at once for every exit not yet taken.
+        Returns the exits the stop caused (an :class:`ExitList` from this package's
+        ports, whose columns the agent reads without the records; any sequence of
+        exits from others); they are queued for ``next_exit`` too, so after a stop
+        ``next_exit`` returns at once for every exit not yet taken.
         """
         ...
 

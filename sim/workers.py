@@ -25,15 +25,16 @@ deterministic.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Sequence
-from operator import attrgetter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 from simpy.events import Event
 
 from elastic.clock import OneShot
 from elastic.events import AgentEvent, EventSink
-from elastic.workers import ExitCause, GroupLaunch, WorkerExit, WorkerLaunch
+from elastic.workers import ExitCause, ExitList, GroupLaunch, WorkerExit, WorkerLaunch
 from sim.clock import SimClock
 from sim.scenario.model import Job
 
@@ -56,26 +57,43 @@ class WState(enum.Enum):
 
 
 class SimWorker:
-    """One simulated worker process."""
+    """One simulated worker process, as a view of its group (:class:`SimGroup` keeps its
+    workers as columns; a view is made only where a worker is handed out: a hang's
+    callbacks, :attr:`SimGroup.workers`)."""
 
-    __slots__ = ("global_rank", "group", "local_rank", "node", "pid", "state", "world")
+    __slots__ = ("_group", "index")
 
-    def __init__(self, group: SimGroup, local_rank: int, global_rank: int, pid: int) -> None:
-        # the group while the worker runs; None once it exited, so that a finished group
-        # and its workers hold no reference cycle and are freed when the agent drops the
-        # group, not at the collector's next full pass (with the collector tuned for
-        # speed, dead groups piled up: +15 % peak memory at 2,048 nodes)
-        self.group: SimGroup | None = group
-        self.node = group.node
-        self.local_rank = local_rank
-        self.global_rank = global_rank
-        self.pid = pid
-        self.state = _STARTING
-        self.world: World | None = None
+    def __init__(self, group: SimGroup, index: int) -> None:
+        self._group = group
+        self.index = index  # the worker's place in its group's columns
+
+    @property
+    def node(self) -> Any:
+        return self._group.node
+
+    @property
+    def local_rank(self) -> int:
+        return self._group.local_ranks[self.index]
+
+    @property
+    def global_rank(self) -> int:
+        return self._group.global_ranks[self.index]
+
+    @property
+    def pid(self) -> int:
+        return self._group.pid0 + self.index
+
+    @property
+    def state(self) -> WState:
+        return self._group.states[self.index]
+
+    @property
+    def world(self) -> World:
+        return self._group.world
 
     @property
     def alive(self) -> bool:
-        return self.state is not _EXITED
+        return self._group.states[self.index] is not _EXITED
 
 
 class WorldState(enum.Enum):
@@ -94,8 +112,7 @@ _READY = WState.READY
 #: job restart)
 _FORMING, _RUNNING = WorldState.FORMING, WorldState.RUNNING
 
-_by_global_rank = attrgetter("global_rank")
-_by_local_rank = attrgetter("local_rank")
+_first = itemgetter(0)
 
 
 class Training:
@@ -159,13 +176,17 @@ class Training:
 
 
 class World:
-    """The collective formed by the workers of one rendezvous round."""
+    """The collective formed by the workers of one rendezvous round.
+
+    Its members are the groups that joined it, by their workers' global ranks
+    (``members``: global rank -> the group's :class:`_Member`; a worker is its group and
+    its place in the group's columns, :meth:`SimGroup.index_of_global`)."""
 
     def __init__(self, training: Training, round_: int, size: int) -> None:
         self.training = training
         self.round = round_
         self.size = size
-        self.members: dict[int, SimWorker] = {}
+        self.members: dict[int, _Member] = {}
         self.ready = 0
         self.state = WorldState.FORMING
         self.s0 = 0
@@ -179,60 +200,50 @@ class World:
         self.stalled: OneShot = training.clock.event()
 
     # -- formation -------------------------------------------------------------------------
-    def join(self, w: SimWorker) -> None:
+    def join_group(self, g: SimGroup) -> None:
+        """Each worker of ``g`` joins, in order (a node's group, in one call)."""
         if self.state is not WorldState.FORMING:
-            # a worker arriving at a broken/finished world: it will time out like a
+            # workers arriving at a broken/finished world: each will time out like a
             # process whose peers never come
-            w.world = self
-            self._arm_timeout_for([w])
+            for i in range(len(g.states)):
+                self._arm_timeout_for([(g.member, i)])
             return
-        self.members[w.global_rank] = w
-        w.world = self
+        # Performance: in C, not a loop per worker (eight per node per job restart)
+        self.members.update(zip(g.global_ranks, repeat(g.member)))
 
-    def join_all(self, workers: Iterable[SimWorker]) -> None:
-        """:meth:`join` each of ``workers``, in order (a node's group, in one call)."""
-        if self.state is not WorldState.FORMING:
-            for w in workers:
-                self.join(w)
+    def group_ready(self, g: SimGroup) -> None:
+        """Each worker of ``g`` still starting is ready, in order, as one call per worker
+        would make it (the world begins at the one that completes it; the others stay
+        starting), in one call: a node's group after its start-up."""
+        if self.state is not _FORMING:
             return
-        members = self.members
-        for w in workers:
-            members[w.global_rank] = w
-            w.world = self
-
-    def member_ready(self, w: SimWorker) -> None:
-        if w.world is not self or self.state is not WorldState.FORMING:
+        states = g.states
+        if states.count(_STARTING) == len(states):
+            starting: Sequence[int] = range(len(states))
+        else:
+            starting = [i for i, st in enumerate(states) if st is _STARTING]
+        k = len(starting)
+        if not k:
             return
-        w.state = WState.READY
-        self.ready += 1
         if not self._formation_armed:
             self._formation_armed = True
             self._arm_timeout_for(None)
-        if self.ready == self.size and len(self.members) == self.size:
+        ready, size = self.ready, self.size
+        if len(self.members) == size and ready < size <= ready + k:
+            # the (size - ready)-th of them completes the world: it begins there
+            for i in starting[: size - ready]:
+                states[i] = _READY
+            self.ready = size
             self._begin()
+            return
+        if k == len(states):
+            g.states = [_READY] * k
+        else:
+            for i in starting:
+                states[i] = _READY
+        self.ready = ready + k
 
-    def members_ready(self, workers: Iterable[SimWorker]) -> None:
-        """:meth:`member_ready` for each of ``workers`` still starting, in order, in its
-        own world (a node's group after its start-up: eight workers per node per job
-        restart, this world's inline)."""
-        for w in workers:
-            if w.state is not _STARTING:
-                continue
-            if w.world is not self:
-                if w.world is not None:
-                    w.world.member_ready(w)
-                continue
-            if self.state is not _FORMING:
-                continue
-            w.state = _READY
-            self.ready += 1
-            if not self._formation_armed:
-                self._formation_armed = True
-                self._arm_timeout_for(None)
-            if self.ready == self.size and len(self.members) == self.size:
-                self._begin()
-
-    def _arm_timeout_for(self, workers: list[SimWorker] | None) -> None:
+    def _arm_timeout_for(self, workers: list[tuple[_Member, int]] | None) -> None:
         clock = self.training.clock
         gen = self._gen
         ev = clock.env.timeout(self.training.model.collective_timeout)
@@ -242,7 +253,7 @@ class World:
                 if self._gen != gen or self.state is not WorldState.FORMING:
                     return
                 self.state = WorldState.BROKEN
-                self._fail_members(self._retire(), "collective_init_timeout")
+                self._fail_members(_workers_of(self._retire()), "collective_init_timeout")
             else:
                 self._fail_members(workers, "collective_timeout")
 
@@ -314,9 +325,10 @@ class World:
         t.done = True
         t.emit("sim.progress", round=self.round, steps=t.model.steps, ckpt_step=t.model.steps)
         t.emit("sim.world_done", round=self.round)
-        for m in sorted(self._retire(), key=_by_global_rank):
-            if m.group is not None:  # alive
-                m.group._exit(m, 0, ExitCause.EXITED)
+        for gr, m in sorted(self._retire(), key=_first):
+            g = m.group
+            if g is not None and g.states[i := g.index_of_global(gr)] is not _EXITED:
+                g._exit(i, 0, ExitCause.EXITED)
 
     def _settle_progress(self) -> None:
         t = self.training
@@ -326,8 +338,9 @@ class World:
         t.ckpt_step = max(t.ckpt_step, ckpt)
         t.emit("sim.progress", round=self.round, steps=steps, ckpt_step=t.ckpt_step)
 
-    def break_(self, cause: str, culprit: SimWorker | None = None) -> None:
-        """A member died, hung or was stopped: the collective stops making progress."""
+    def break_(self, cause: str, culprit: tuple[_Member, int] | None = None) -> None:
+        """A member died, hung or was stopped (``culprit``: that worker, as its group and
+        its place in it): the collective stops making progress."""
         beat = self.last_beat()
         if self.state is WorldState.RUNNING:
             self._settle_progress()
@@ -336,41 +349,73 @@ class World:
             self._gen += 1
             self.stalled.set(beat)
             self.training.emit("sim.world_broken", round=self.round, cause=cause)
-            survivors = [
-                m
-                for m in self._retire()
-                if m.state is not _EXITED and m is not culprit and m.state is not _HUNG
-            ]
+            survivors: list[tuple[_Member, int]] = []
+            for gr, m in self._retire():
+                g = m.group
+                if g is None:
+                    continue  # every worker of it exited
+                i = g.index_of_global(gr)
+                st = g.states[i]
+                if st is not _EXITED and st is not _HUNG and (m, i) != culprit:
+                    survivors.append((m, i))
             self._arm_timeout_for(survivors)
 
-    def _retire(self) -> list[SimWorker]:
-        """The members of a world that stopped (broken or done), forgotten by it.
+    def _retire(self) -> list[tuple[int, _Member]]:
+        """The members of a world that stopped (broken or done), forgotten by it: (global
+        rank, group) pairs.
 
         Nothing reads a stopped world's members again (a late joiner only arms its own
         timeout), and they hold their groups and every exit: kept, every past round's
         workers stayed in memory (25 MB a round at 2,048 nodes)."""
-        members = list(self.members.values())
+        members = list(self.members.items())
         self.members = {}
         return members
 
-    def _fail_members(self, workers: list[SimWorker], why: str) -> None:
+    def _fail_members(self, workers: list[tuple[_Member, int]], why: str) -> None:
         # Performance: only the live ones are sorted (when a broken world's survivors
         # time out, their agents have stopped nearly all of them: at 2,048 nodes the
         # sort of 16,384 workers, most dead, was most of this call)
-        alive = [m for m in workers if m.group is not None]
-        for m in sorted(alive, key=_by_global_rank):
-            if m.group is not None:  # still alive (an exit before it can end it)
-                m.group._exit(m, SIGABRT_EXIT, ExitCause.SIGNALED, reason=why)
+        alive = [
+            (g.global_ranks[i], g, i)
+            for m, i in workers
+            if (g := m.group) is not None and g.states[i] is not _EXITED
+        ]
+        alive.sort(key=_first)
+        for _, g, i in alive:
+            if g.states[i] is not _EXITED:  # still alive (an exit before it can end it)
+                g._exit(i, SIGABRT_EXIT, ExitCause.SIGNALED, reason=why)
+
+
+def _workers_of(members: list[tuple[int, _Member]]) -> list[tuple[_Member, int]]:
+    """The live groups' workers of (global rank, member) pairs: (member, place in its
+    group); a group whose workers all exited has none."""
+    return [(m, g.index_of_global(gr)) for gr, m in members if (g := m.group) is not None]
+
+
+class _Member:
+    """A group as its world knows it: its node, and the group while any of its workers
+    runs (then ``None``: a world or a timer that still names it does not keep a finished
+    group, and all it held, in memory until it fires)."""
+
+    __slots__ = ("group", "node")
+
+    def __init__(self, group: SimGroup) -> None:
+        self.group: SimGroup | None = group
+        self.node = group.node
 
 
 class SimGroup:
     """A RunningGroup of simulated workers on one node.
 
     Performance: a node's workers start, stop and exit together at every job restart
-    (eight per node, ~20 restarts a simulated day at 2,048 nodes), so :meth:`_exit_all`
-    ends several in one call; each exit is still one :class:`WorkerExit`, taken one by
-    one by ``next_exit``.  (A group holds nothing more per worker than its ``workers``:
-    one group per node is alive, and at 2,048 nodes each extra container is a MiB.)
+    (eight per node, ~20 restarts a simulated day at 2,048 nodes), so the group keeps
+    them as columns (``local_ranks``, ``global_ranks``, ``states``; pids ``pid0 + i``),
+    not one object each, and a stop ends them in one pass; each exit is a tuple, made a
+    :class:`WorkerExit` only when the agent takes it (``next_exit``, or a stop's
+    :class:`~elastic.workers.ExitList` read as records: the agent reads its columns).
+    A worker as an object (:class:`SimWorker`) is a view made where one is handed out.
+    (A group holds nothing more per worker than that: one group per node is alive, and
+    at 2,048 nodes each extra container is a MiB.)
     """
 
     def __init__(
@@ -389,76 +434,115 @@ class SimGroup:
         # a crashed node until the collector's next full pass
         self.training = t = port.training
         self.node = port.node
-        self.workers: dict[int, SimWorker] = {}
-        self._exits: list[WorkerExit] = []
+        n = len(local_ranks)
+        if len(global_ranks) != n:
+            raise ValueError(
+                f"{n} local ranks and {len(global_ranks)} global ranks: one of each per worker"
+            )
+        self.local_ranks = local_ranks
+        self.global_ranks = global_ranks
+        self.pid0 = t.next_pids(n)
+        self.states: list[WState] = [_STARTING] * n
+        self._alive = n
+        self.member = _Member(self)
+        # the places of the workers by local and global rank, made when first needed
+        self._by_local: dict[int, int] | None = None
+        # (the first global rank, when they are consecutive)
+        self._by_global: dict[int, int] | int | None = None
+        # each exit: (place, code, time, cause, extra) until taken, then its WorkerExit
+        self._exits: list[tuple[int, int, float, ExitCause, Mapping[str, Any]] | WorkerExit] = []
         self._seen_at: list[float] = []  # when the agent may see each exit
         self._returned = 0
         self._waiter: OneShot | None = None
         world = t.world_for(round_, world_size)
-        pid = t.next_pids(len(local_ranks))
-        workers = self.workers
-        for i, (lr, gr) in enumerate(zip(local_ranks, global_ranks, strict=True)):
-            workers[lr] = SimWorker(self, lr, gr, pid + i)
-        world.join_all(workers.values())
         self.world = world
+        world.join_group(self)
         # Performance: a callback of the shared wake-up, not a Timeout per node per job
         # restart (a node's groups start together: one wake-up for them all)
         t.clock.call_after(t.model.startup_time, self._started)
 
     def _started(self, _: Any) -> None:
-        # every worker still starting is ready, in order (each in its world)
-        self.world.members_ready(self.workers.values())
+        # every worker still starting is ready, in order (in its world)
+        self.world.group_ready(self)
 
-    def _exit(self, w: SimWorker, code: int, cause: ExitCause, reason: str = "") -> None:
-        self._exit_all(((w, code),), cause, reason)
+    def index_of_global(self, global_rank: int) -> int:
+        """The place of the worker of ``global_rank`` (the last, if several have it)."""
+        by = self._by_global
+        if by is None:
+            gs = self.global_ranks
+            if gs and list(gs) == list(range(gs[0], gs[0] + len(gs))):
+                by = self._by_global = gs[0]  # consecutive ranks: by arithmetic
+            else:
+                by = self._by_global = {gr: i for i, gr in enumerate(gs)}
+        if type(by) is int:
+            return global_rank - by
+        assert isinstance(by, dict)
+        return by[global_rank]
+
+    def _index(self, local_rank: int) -> int | None:
+        """The place of the worker of ``local_rank`` (the last, if several), or ``None``."""
+        by = self._by_local
+        if by is None:
+            by = self._by_local = {lr: i for i, lr in enumerate(self.local_ranks)}
+        return by.get(local_rank)
+
+    def _record(self, j: int) -> WorkerExit:
+        """Exit ``j`` as a :class:`WorkerExit`, made once."""
+        x = self._exits[j]
+        if type(x) is tuple:
+            i, code, t, cause, extra = x
+            x = self._exits[j] = WorkerExit(
+                self.local_ranks[i], code, t, cause, self.pid0 + i, None, None, extra
+            )
+        assert isinstance(x, WorkerExit)
+        return x
+
+    def _records(self, start: int, stop: int) -> Callable[[], list[WorkerExit]]:
+        def make() -> list[WorkerExit]:
+            return [self._record(j) for j in range(start, stop)]
+
+        return make
+
+    def _exit(self, i: int, code: int, cause: ExitCause, reason: str = "") -> None:
+        self._exit_all(((i, code),), cause, reason)
 
     def _exit_all(
-        self, ends: Iterable[tuple[SimWorker, int]], cause: ExitCause, reason: str = ""
+        self, ends: Iterable[tuple[int, int]], cause: ExitCause, reason: str = ""
     ) -> None:
-        """Each live worker of ``ends`` exits with its code, in that order, now.
+        """Each live worker of ``ends`` (its place, its code) exits, in that order, now.
 
         Exactly as one ``_exit`` after another: the waiting ``next_exit`` is woken at the
         first exit, before the first break of the world (both schedule at this instant)."""
         t = self.training
         now = t.clock.now()
         notice = t.exit_notice
-        exits, seen_at = self._exits, self._seen_at
+        exits, seen_at, states = self._exits, self._seen_at, self.states
         seen = now + notice
         # one mapping for the exits of this call (nothing writes an exit's extra)
         extra = {"reason": reason} if reason else {}
-        for w, code in ends:
-            was = w.state
+        world = self.world
+        for i, code in ends:
+            was = states[i]
             if was is _EXITED:
                 continue
-            w.state = _EXITED
-            w.group = None
-            exits.append(
-                WorkerExit(
-                    w.local_rank,
-                    code,
-                    now,
-                    cause,
-                    w.pid,
-                    None,
-                    None,
-                    extra,
-                )
-            )
+            states[i] = _EXITED
+            self._alive -= 1
+            if not self._alive:
+                self.member.group = None
+            exits.append((i, code, now, cause, extra))
             seen_at.append(seen)
             if notice > 0:
                 ev = t.clock.env.timeout(notice)
                 ev.callbacks.append(lambda _: self._wake())
             elif self._waiter is not None:
                 self._wake()
-            world = w.world
             # a world already broken or done: break_ would do nothing
             if (
                 code != 0
-                and world is not None
                 and was is not _HUNG
                 and ((ws := world.state) is _FORMING or ws is _RUNNING)
             ):
-                world.break_(reason or cause.value, culprit=w)
+                world.break_(reason or cause.value, culprit=(self.member, i))
 
     def _wake(self) -> None:
         if self._waiter is not None:
@@ -466,12 +550,16 @@ class SimGroup:
             waiter.set()
 
     # -- faults on workers ------------------------------------------------------------------
+    def _live_index(self, local_rank: int) -> int | None:
+        i = self._index(local_rank)
+        return None if i is None or self.states[i] is _EXITED else i
+
     def crash(self, local_rank: int, exit_code: int) -> bool:
-        w = self.workers.get(local_rank)
-        if w is None or not w.alive:
+        i = self._live_index(local_rank)
+        if i is None:
             return False
         self._exit(
-            w,
+            i,
             exit_code,
             ExitCause.EXITED if exit_code > 0 else ExitCause.SIGNALED,
             reason="worker_crash",
@@ -480,41 +568,48 @@ class SimGroup:
 
     def exit(self, local_rank: int, code: int) -> bool:
         """The worker ends on its own with ``code`` (as ``sys.exit(code)`` would)."""
-        w = self.workers.get(local_rank)
-        if w is None or not w.alive:
+        i = self._live_index(local_rank)
+        if i is None:
             return False
-        self._exit(w, code, ExitCause.EXITED if code >= 0 else ExitCause.SIGNALED)
+        self._exit(i, code, ExitCause.EXITED if code >= 0 else ExitCause.SIGNALED)
         return True
 
     def hang(self, local_rank: int) -> bool:
-        w = self.workers.get(local_rank)
-        if w is None or not w.alive or w.state is WState.HUNG:
+        i = self._live_index(local_rank)
+        if i is None or self.states[i] is WState.HUNG:
             return False
-        world = w.world
-        timer_from = world.timer_start() if world is not None else self.training.clock.now()
-        w.state = WState.HUNG
-        if world is not None:
-            world.break_("worker_hang", culprit=w)
+        world = self.world
+        timer_from = world.timer_start()
+        self.states[i] = WState.HUNG
+        world.break_("worker_hang", culprit=(self.member, i))
+        w = SimWorker(self, i)
         for cb in self.training.on_hang:
             cb(w, timer_from)
         return True
 
     def kill_hung(self, w: SimWorker, code: int) -> None:
         """The timer server killed a worker (it may be hung)."""
-        self._exit(w, code, ExitCause.SIGNALED, reason="timer_expired")
+        self._exit(w.index, code, ExitCause.SIGNALED, reason="timer_expired")
 
     def lose_all(self) -> None:
         """The node died under the workers."""
         self._exit_all(
-            [(w, SIGKILL_EXIT) for w in self.workers.values()], ExitCause.LOST, "node_crash"
+            [(i, SIGKILL_EXIT) for i in range(len(self.states))], ExitCause.LOST, "node_crash"
         )
+
+    @property
+    def workers(self) -> dict[int, SimWorker]:
+        """local rank -> the worker (a view: made at each read)."""
+        return {lr: SimWorker(self, i) for i, lr in enumerate(self.local_ranks)}
 
     # -- the RunningGroup port --------------------------------------------------------------------
     def pids(self) -> dict[int, int]:
-        return {lr: w.pid for lr, w in self.workers.items()}
+        pid0 = self.pid0
+        return dict(zip(self.local_ranks, range(pid0, pid0 + len(self.states)), strict=True))
 
     def running(self) -> frozenset[int]:
-        return frozenset(lr for lr, w in self.workers.items() if w.alive)
+        states = self.states
+        return frozenset(lr for i, lr in enumerate(self.local_ranks) if states[i] is not _EXITED)
 
     async def next_exit(self) -> WorkerExit:
         clock = self.training.clock
@@ -522,17 +617,17 @@ class SimGroup:
             if self._waiter is None:
                 self._waiter = clock.event()
             await self._waiter.wait()
-        ex = self._exits[self._returned]
-        self._returned += 1
-        return ex
+        j = self._returned
+        self._returned = j + 1
+        return self._record(j)
 
     def take_exit(self) -> WorkerExit | None:
         """What ``next_exit`` returns without waiting, else ``None`` (ListenedGroup)."""
-        i = self._returned
-        if i >= len(self._exits) or self._seen_at[i] > self.training.clock.now():
+        j = self._returned
+        if j >= len(self._exits) or self._seen_at[j] > self.training.clock.now():
             return None
-        self._returned = i + 1
-        return self._exits[i]
+        self._returned = j + 1
+        return self._record(j)
 
     def listen(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Call ``fn()`` where a ``next_exit`` waiting now would resume: as a callback of
@@ -555,51 +650,92 @@ class SimGroup:
         return cancel
 
     def signal(self, sig: int, local_rank: int | None = None) -> None:
-        targets = (
-            [self.workers[local_rank]] if local_rank is not None else list(self.workers.values())
-        )
-        for w in targets:
-            if w.alive and sig in (9, 15):
-                self._exit(w, -sig, ExitCause.STOPPED_BY_AGENT, reason="signal")
+        if local_rank is not None:
+            i = self._index(local_rank)
+            if i is None:
+                raise KeyError(local_rank)
+            targets: Iterable[int] = (i,)
+        else:
+            targets = range(len(self.states))
+        for i in targets:
+            if self.states[i] is not _EXITED and sig in (9, 15):
+                self._exit(i, -sig, ExitCause.STOPPED_BY_AGENT, reason="signal")
 
-    async def stop(self, grace: float, sig: int = 15) -> list[WorkerExit]:
-        live = sorted(
-            [w for w in self.workers.values() if w.state is not _EXITED], key=_by_local_rank
-        )
+    async def stop(self, grace: float, sig: int = 15) -> ExitList:
+        states = self.states
+        n = len(states)
+        lrs = self.local_ranks
+        # the live workers by local rank
+        order: Sequence[int] = sorted(range(n), key=lrs.__getitem__)
+        live = order if self._alive == n else [i for i in order if states[i] is not _EXITED]
         if not live:
-            return []
+            return ExitList([], [], list)
         training = self.training
-        hung = False
-        for w in live:  # Performance: no generator (one stop per node per job restart)
-            if w.state is _HUNG:
-                hung = True
-                break
         # a hung worker ignores the graceful signal; the others exit after stop_time
+        hung = _HUNG in states
         delay = grace if hung else min(grace, training.stop_time)
+        alive = self._alive
         if delay > 0:
             # a signalled worker stops making progress at the signal, not at its exit
             # (a real worker's SIGTERM handler stops stepping at once; elastic real
-            # measured the break there), so its world breaks now
-            for w in live:
-                world = w.world
-                if (
-                    world is not None
-                    and w.state is not _HUNG
-                    and ((ws := world.state) is _FORMING or ws is _RUNNING)
-                ):
-                    world.break_("stopped_by_agent", culprit=w)
+            # measured the break there), so its world breaks now (at its first live
+            # worker that is not hung: the break makes the world's state final)
+            world = self.world
+            if (ws := world.state) is _FORMING or ws is _RUNNING:
+                for i in live:
+                    if states[i] is not _HUNG:
+                        world.break_("stopped_by_agent", culprit=(self.member, i))
+                        break
             # Performance: after(), the sleep without its coroutine (one per node per
             # job restart)
             await training.clock.after(delay)
         before = len(self._exits)
+        code = -sig
+        world = self.world
+        states = self.states  # (replaced, not changed, when a group's workers all change)
+        if (
+            _HUNG not in states
+            and self._alive == alive
+            and training.exit_notice <= 0
+            and (ws := world.state) is not _FORMING
+            and ws is not _RUNNING
+        ):
+            # Performance: the usual stop (its world already broken, no worker exited
+            # during the grace, none hung): each exit as _exit_all would make it, in one
+            # pass (eight per node per job restart)
+            k = len(live)
+            if k == n:
+                self.states = [_EXITED] * n
+            else:
+                for i in live:
+                    states[i] = _EXITED
+            self._alive -= k
+            if not self._alive:
+                self.member.group = None
+            now = training.clock.now()
+            self._exits.extend(
+                zip(
+                    live,
+                    repeat(code),
+                    repeat(now),
+                    repeat(ExitCause.STOPPED_BY_AGENT),
+                    repeat({"reason": "stopped_by_agent"}),
+                )
+            )
+            self._seen_at.extend(repeat(now, k))
+            if self._waiter is not None:
+                self._wake()
+            return ExitList([lrs[i] for i in live], [code] * k, self._records(before, before + k))
         self._exit_all(
-            [(w, SIGKILL_EXIT if w.state is _HUNG else -sig) for w in live],
+            [(i, SIGKILL_EXIT if states[i] is _HUNG else code) for i in live],
             ExitCause.STOPPED_BY_AGENT,
             "stopped_by_agent",
         )
         # queued for next_exit too, as the real port does (the agent takes a stopped
         # group's remaining exits for its failure report)
-        return self._exits[before:]
+        after = len(self._exits)
+        made = [self._record(j) for j in range(before, after)]
+        return ExitList([x.local_rank for x in made], [x.exit_code for x in made], made.copy)
 
 
 class SimWorkers:

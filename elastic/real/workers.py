@@ -106,7 +106,7 @@ from elastic.real import _fn_runner, proctree
 from elastic.real.cgroup import AgentCgroup, GroupCgroup
 from elastic.real.cgroup import join as join_cgroup
 from elastic.real.reaper import ReaperSidecar
-from elastic.workers import ExitCause, WorkerExit, WorkerLaunch
+from elastic.workers import ExitCause, ExitList, WorkerExit, WorkerLaunch
 
 if TYPE_CHECKING:
     from elastic.real.zygote import Zygote
@@ -256,7 +256,7 @@ class ProcessGroup:
         self._orphans_since = orphans_since
         self._workers: dict[int, _Worker] = {}
         self._exits: asyncio.Queue[WorkerExit] = asyncio.Queue()
-        self._stop_task: asyncio.Task[list[WorkerExit]] | None = None
+        self._stop_task: asyncio.Task[ExitList] | None = None
         self._stopping = False
         self._stop_exits: list[WorkerExit] = []
         self._sinks: dict[int, TeeSink] = {}
@@ -291,7 +291,7 @@ class ProcessGroup:
             if not w.done.done() and w.handle.send(sig):
                 w.signals_sent.add(sig)
 
-    async def stop(self, grace: float, sig: int = _SIGTERM) -> list[WorkerExit]:
+    async def stop(self, grace: float, sig: int = _SIGTERM) -> ExitList:
         """Signal every worker's tree, wait up to ``grace``, SIGKILL the rest.
 
         Returns once every worker and every descendant found is gone (or, for a process
@@ -516,7 +516,7 @@ class ProcessGroup:
             for fd in registered:
                 self._loop.remove_reader(fd)
 
-    async def _stop(self, grace: float, sig: int) -> list[WorkerExit]:
+    async def _stop(self, grace: float, sig: int) -> ExitList:
         self._stopping = True
         victims = self._tree({})
         # nothing alive in the tree (a group that already ended, the usual stop at the
@@ -550,7 +550,7 @@ class ProcessGroup:
             v.close()
         self._adopt_orphans(scan=not nothing_left)
         self._finish()
-        return list(self._stop_exits)
+        return ExitList.of(self._stop_exits)
 
     @staticmethod
     def _release_exited(

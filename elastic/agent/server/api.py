@@ -65,6 +65,7 @@ from elastic.rendezvous.api import (
 from elastic.store import Store
 from elastic.workers import (
     ExitCause,
+    ExitList,
     GroupLaunch,
     RunningGroup,
     WorkerExit,
@@ -175,9 +176,18 @@ class Worker:
 
 
 class WorkerGroup:
-    """A set of Worker instances managed by the agent, with its rendezvous facts."""
+    """A set of Worker instances managed by the agent, with its rendezvous facts.
+
+    Performance: after a rendezvous the agent gives the group its workers as one block
+    (:meth:`_set_block`: local ranks ``0..n-1`` with consecutive global and role ranks,
+    one world size), and ``workers`` makes the :class:`Worker` objects only when first
+    read (the simulator restarts every node's group ~20 times a simulated day, and the
+    agent's own path reads the block: eight objects per node per job restart)."""
 
     __slots__ = [
+        "_block",
+        "_ids",
+        "_workers",
         "group_rank",
         "group_world_size",
         "master_addr",
@@ -185,18 +195,61 @@ class WorkerGroup:
         "spec",
         "state",
         "store",
-        "workers",
     ]
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        self.workers = [Worker(local_rank=i) for i in range(self.spec.local_world_size)]
+        # (local world size, base global rank, base role rank, world size, role world
+        # size) while ``_workers`` is not made yet; ``_ids``: their ids (pids) once started
+        self._block: tuple[int, int, int, int, int] | None = None
+        self._ids: dict[int, int] | None = None
+        self._workers: list[Worker] | None = [
+            Worker(local_rank=i) for i in range(self.spec.local_world_size)
+        ]
         self.store: Store | None = None
         self.group_rank: int | None = None
         self.group_world_size: int | None = None
         self.master_addr: str | None = None
         self.master_port: int | None = None
         self.state = WorkerState.INIT
+
+    @property
+    def workers(self) -> list[Worker]:
+        workers = self._workers
+        if workers is None:
+            assert self._block is not None
+            lws, base_global, base_role, world_size, role_world_size = self._block
+            workers = self._workers = [
+                Worker(r, base_global + r, base_role + r, world_size, role_world_size)
+                for r in range(lws)
+            ]
+            ids = self._ids
+            if ids is not None:
+                for w in workers:
+                    w.id = ids.get(w.local_rank)
+        return workers
+
+    @workers.setter
+    def workers(self, workers: list[Worker]) -> None:
+        self._workers = workers
+        self._block = self._ids = None
+
+    def _set_block(
+        self, lws: int, base_global: int, base_role: int, world_size: int, role_world_size: int
+    ) -> None:
+        """The workers are ``lws`` of local ranks ``0..lws-1``, global ranks from
+        ``base_global``, role ranks from ``base_role`` (made when first read)."""
+        self._workers = None
+        self._block = (lws, base_global, base_role, world_size, role_world_size)
+        self._ids = None
+
+    def _size(self) -> int:
+        """``len(self.workers)``, without making them."""
+        workers = self._workers
+        if workers is not None:
+            return len(workers)
+        assert self._block is not None
+        return self._block[0]
 
 
 @dataclass
@@ -634,7 +687,7 @@ class SimpleElasticAgent(ElasticAgent):
             # membership or a health watch wins (three times in four), cancelled
             exits: dict[int, WorkerExit] = {}
             self._seen_exits = exits
-            taker = _ExitTaker(self, take, listen, exits, wg.workers, clock.event())
+            taker = _ExitTaker(self, take, listen, exits, wg, clock.event())
             taker()
             first = taker.done
         else:
@@ -864,14 +917,15 @@ class SimpleElasticAgent(ElasticAgent):
         wg.group_world_size = info.world_size
         wg.master_addr = spec.master_addr or info.bootstrap_store_info.master_addr
         wg.master_port = spec.master_port or info.bootstrap_store_info.master_port
-        lws = spec.local_world_size
-        base_global, base_role = assignment.base_global_rank, assignment.base_role_rank
-        world_size, role_world_size = assignment.world_size, assignment.role_world_size
-        # positional: eight workers per node per job restart in a large simulation
-        wg.workers = [
-            Worker(r, base_global + r, base_role + r, world_size, role_world_size)
-            for r in range(lws)
-        ]
+        # the workers as one block, made only if read (WorkerGroup: eight per node per
+        # job restart in a large simulation)
+        wg._set_block(
+            spec.local_world_size,
+            assignment.base_global_rank,
+            assignment.base_role_rank,
+            assignment.world_size,
+            assignment.role_world_size,
+        )
         self._emit_fields(
             kinds.ASSIGN_WORKER_RANKS,
             None,
@@ -966,7 +1020,6 @@ class SimpleElasticAgent(ElasticAgent):
         spec = wg.spec
         entrypoint: Any = spec.entrypoint
         attempt, round_ = self._attempt, self._round
-        workers = wg.workers
         # the arguments are the same for every worker unless one names its local rank
         shared: tuple[Any, ...] | None = None
         if not spec.args:
@@ -974,10 +1027,22 @@ class SimpleElasticAgent(ElasticAgent):
         elif not any(isinstance(a, str) and "${local_rank}" in a for a in spec.args):
             shared = tuple(str(a) if isinstance(a, str) else a for a in spec.args)
         # the columns of the group: its launch record and its workers' START events
-        local_ranks = [w.local_rank for w in workers]
-        global_ranks = [w.global_rank for w in workers]
-        role_ranks = [w.role_rank for w in workers]
-        world_sizes = [w.world_size for w in workers]
+        # (Performance: from the rendezvous's block while no Worker is made, in C)
+        block = wg._block if wg._workers is None else None
+        if block is not None:
+            lws, base_global, base_role, world_size, role_world_size = block
+            local_ranks = list(range(lws))
+            global_ranks = list(range(base_global, base_global + lws))
+            role_ranks = list(range(base_role, base_role + lws))
+            world_sizes = [world_size] * lws
+            role_world_sizes = [role_world_size] * lws
+        else:
+            workers = wg.workers
+            local_ranks = [w.local_rank for w in workers]
+            global_ranks = [w.global_rank for w in workers]
+            role_ranks = [w.role_rank for w in workers]
+            world_sizes = [w.world_size for w in workers]
+            role_world_sizes = [w.role_world_size for w in workers]
         port = self.workers_port
         start_group = getattr(port, "start_group", None)
         if start_group is not None and shared is not None and self._envs_are_own():
@@ -990,7 +1055,7 @@ class SimpleElasticAgent(ElasticAgent):
                     global_ranks,
                     role_ranks,
                     world_sizes,
-                    [w.role_world_size for w in workers],
+                    role_world_sizes,
                     spec.virtual_local_rank,
                     entrypoint,
                     shared,
@@ -1009,15 +1074,20 @@ class SimpleElasticAgent(ElasticAgent):
                     attempt,
                     round_,
                 )
-                for w, env in zip(workers, self._worker_envs(wg), strict=True)
+                for w, env in zip(wg.workers, self._worker_envs(wg), strict=True)
             ]
             self._group = await port.start(launches)
         pids = self._group.pids()
         group_rank = wg.group_rank
         take = self._group_sink()
         if take is not None:
-            for w in workers:
-                w.id = pids.get(w.local_rank)
+            if block is not None and wg._workers is None:
+                wg._ids = pids  # each Worker's id when it is made
+                worker_pids = list(map(pids.get, local_ranks))
+            else:
+                for w in wg.workers:
+                    w.id = pids.get(w.local_rank)
+                worker_pids = [w.id for w in wg.workers]
             self._emit_group(
                 take,
                 kinds.WORKER_START,
@@ -1028,12 +1098,12 @@ class SimpleElasticAgent(ElasticAgent):
                     "local_rank": local_ranks,
                     "role_rank": role_ranks,
                     "world_size": world_sizes,
-                    "worker_pid": [w.id for w in workers],
+                    "worker_pid": worker_pids,
                 },
             )
         else:
             emit = self._emit_fields
-            for w in workers:
+            for w in wg.workers:
                 w.id = pids.get(w.local_rank)
                 emit(
                     kinds.WORKER_START,
@@ -1070,21 +1140,32 @@ class SimpleElasticAgent(ElasticAgent):
             exits = await group.stop(self._shutdown_timeout, self._death_sig)
         except Cancelled:
             raise
-        workers, emit, attempt = self._worker_group.workers, self._emit_fields, self._attempt
+        wg, emit, attempt = self._worker_group, self._emit_fields, self._attempt
         take = self._group_sink()
         if take is not None:
+            # Performance: the stop's exits as columns (elastic.workers.ExitList): no
+            # record per worker made or read (eight per node per job restart)
+            if isinstance(exits, ExitList):
+                local_ranks, codes = exits.local_ranks, exits.exit_codes
+            else:
+                local_ranks = [ex.local_rank for ex in exits]
+                codes = [ex.exit_code for ex in exits]
+            block = wg._block if wg._workers is None else None
+            if block is not None:  # worker i of the block has global rank base + i
+                ranks = list(map(block[1].__add__, local_ranks))
+            else:
+                workers = wg.workers
+                ranks = [workers[lr].global_rank for lr in local_ranks]
             self._emit_group(
                 take,
                 kinds.WORKER_TERMINATED,
-                [workers[ex.local_rank].global_rank for ex in exits],
+                ranks,
                 _TERMINATED_KEYS,
                 {"attempt": attempt},
-                {
-                    "local_rank": [ex.local_rank for ex in exits],
-                    "exit_code": [ex.exit_code for ex in exits],
-                },
+                {"local_rank": local_ranks, "exit_code": codes},
             )
         else:
+            workers = wg.workers
             for ex in exits:
                 emit(
                     kinds.WORKER_TERMINATED,
@@ -1174,7 +1255,7 @@ class _ExitTaker:
         "_listen",
         "_size",
         "_take",
-        "_workers",
+        "_wg",
         "done",
     )
 
@@ -1184,18 +1265,19 @@ class _ExitTaker:
         take: Callable[[], WorkerExit | None],
         listen: Callable[[Callable[[], None]], Callable[[], None]],
         exits: dict[int, WorkerExit],
-        workers: list[Worker],
+        wg: WorkerGroup,
         done: OneShot,
     ) -> None:
         self._agent = agent
         self._take = take
         self._listen = listen
         self._exits = exits
-        # Performance: the workers by local rank are made when the first exit is taken
-        # (most groups are stopped for a restart before any of their workers exits)
-        self._workers = workers
+        # Performance: the workers (and a map of them by local rank) are made when the
+        # first exit is taken (most groups are stopped for a restart before any of their
+        # workers exits)
+        self._wg = wg
         self._by_local: dict[int, Worker] | None = None
-        self._size = len(workers)
+        self._size = wg._size()
         self._cancel: Callable[[], None] | None = None
         self.done = done
 
@@ -1206,7 +1288,7 @@ class _ExitTaker:
             while (ex := take()) is not None:
                 by_local = self._by_local
                 if by_local is None:
-                    by_local = self._by_local = {w.local_rank: w for w in self._workers}
+                    by_local = self._by_local = {w.local_rank: w for w in self._wg.workers}
                 outcome = took(ex, self._exits, by_local, self._size)
                 if outcome is not None:
                     self.done.set(outcome)
