@@ -79,7 +79,10 @@ def test_a_long_run_holds_the_same_groups_and_store_keys_early_and_late(
     samples: list[tuple[float, int, int, int]] = []
 
     def sample(now: float, until: float) -> None:
-        if now in (until / 4, until) or abs(now - until / 4) < until / 400:
+        # early: the first tick at a quarter of the run; late: its last tick
+        early = not samples and now >= until / 4 - 1e-6
+        late = now >= until - until / sim.run.PROGRESS_TICKS - 1e-6
+        if early or late:
             gc.collect()
             keys = len(_Hosts.made[0].store.keys())
             samples.append((now, _live(_Member), _live(SimGroup), keys))
@@ -87,7 +90,9 @@ def test_a_long_run_holds_the_same_groups_and_store_keys_early_and_late(
     sc = load_scenario_text(churn(48, fault=CHURN), "churn.yaml")
     report = simulate(sc, progress=sample).report
     assert report["rendezvous_rounds"] >= 100, report["rendezvous_rounds"]
-    (_, m_early, g_early, k_early), (_, m_late, g_late, k_late) = samples[0], samples[-1]
+    assert len(samples) == 2, samples  # two samples, three quarters of the run apart
+    (t_early, m_early, g_early, k_early), (t_late, m_late, g_late, k_late) = samples
+    assert t_late - t_early >= sc.until / 2, (t_early, t_late)
     nodes = 6
     # at most the current group and one being replaced per node, whatever the round (a
     # group's workers are its columns; its world and timers know it by its _Member)
