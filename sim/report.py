@@ -29,10 +29,10 @@ Definitions:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from elastic.events import AgentEvent, WorkerEvents, kinds
+from elastic.events import AgentEvent, WorkerEvents, kinds, record_fields
 from sim.losses import LostTime
 
 __all__ = ["REPORT_KEYS", "ReportSink", "build_report"]
@@ -304,30 +304,43 @@ class ReportSink:
         """Exactly :meth:`emit` of each of ``g.events()``, in order (their time, node and
         kind are the same): counted at once, and the parts that react to the kind fed
         only the first event where that is all they read of a run of them."""
-        n = len(g.ranks)
+        self.emit_group_parts(g.t, g.node, g.kind, g.role, g.ranks, g.keys, g.fields, g.columns)
+
+    def emit_group_parts(
+        self,
+        t: float,
+        node: int | str,
+        kind: str,
+        role: str,
+        ranks: Sequence[int | None],
+        keys: tuple[str, ...],
+        fields: Mapping[str, Any],
+        columns: Mapping[str, Sequence[Any]],
+    ) -> None:
+        """:meth:`emit_group` of the record with these parts, without it."""
+        n = len(ranks)
         if not n:
             return
-        kind = g.kind
         first_only = self._first_only.get(kind)
         if first_only is None:
             first_only = self._first_only[kind] = self._group_first_only(kind)
         if not first_only:
+            g = WorkerEvents.unchecked(t, node, kind, role, ranks, keys, fields, columns)
             for e in g.events():
                 self.emit(e)
             return
-        t = g.t
         if self.t0 is None:
             self.t0 = t
         self.last_t = (t if t > self.last_t else self.last_t) if self.count else t
         self.count += n
-        self.nodes.add(g.node)
+        self.nodes.add(node)
         route = self._routes.get(kind)
         if route is None:
             route = self._route(kind)
         if route:
-            rank, fields = g.ranks[0], g.fields_of(0)
+            first = record_fields(keys, fields, columns, 0)
             for handler in route:
-                handler(t, g.node, kind, rank, fields)
+                handler(t, node, kind, ranks[0], first)
 
     def _group_first_only(self, kind: str) -> bool:
         """Whether every part that reacts to ``kind`` reads only the first of a run of

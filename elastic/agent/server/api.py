@@ -453,6 +453,10 @@ class SimpleElasticAgent(ElasticAgent):
         now = (clock if clock is not None else self.clock).now()
         self.last_event_time = now
         role = self._worker_group.spec.role
+        parts = self._parts
+        if parts is not None:  # a sink that takes parts: no record made (see _emit_fields)
+            parts.emit_group_parts(now, self._node, kind, role, ranks, keys, shared, columns)
+            return
         take(WorkerEvents.unchecked(now, self._node, kind, role, ranks, keys, shared, columns))
 
     # -- the synchronous API (real mode) ------------------------------------------------
