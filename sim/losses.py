@@ -35,6 +35,7 @@ steps since the last checkpoint of an unfinished run and by slow-down.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,39 +125,44 @@ class LostTime:
         self.last_joiner: Any = None
 
     def see(self, e: AgentEvent) -> None:
-        k, f = e.kind, e.fields
+        self.see_parts(e.t, e.node, e.kind, e.rank, e.fields)
+
+    def see_parts(
+        self, t: float, node: Any, k: str, rank: int | None, f: Mapping[str, Any]
+    ) -> None:
+        """:meth:`see` of the event with these parts (its role and rank are not read)."""
         if k == "sim.start":
-            self.t0 = e.t
+            self.t0 = t
             self.step_time = float(f.get("step_time", 0.0))
             self.ckpt_every = int(f.get("checkpoint_every", 0) or 0)
             self.ckpt_time = float(f.get("checkpoint_time", 0.0) or 0.0)
-            self.gap = _Gap(start=e.t)
+            self.gap = _Gap(start=t)
             return
         if self.t0 is None:
             return  # not a simulated run's log
         gap = self.gap
         if k == "sim.fault" and f.get("applied", True):
             fault = {
-                "t": e.t,
+                "t": t,
                 "fault": str(f.get("fault", "fault")),
                 "category": str(f.get("category") or f.get("fault", "fault")),
                 "node": f.get("target"),
             }
             if fault["node"] is not None:
                 self.fault_of_node[fault["node"]] = fault
-            if gap is not None and not self.first_gap and gap.start == e.t and gap.rejoin:
+            if gap is not None and not self.first_gap and gap.start == t and gap.rejoin:
                 gap.fault, gap.rejoin = fault, False
             else:
                 self.last_fault = fault
         elif k == kinds.AGENT_START:
-            self.last_joiner = e.node
+            self.last_joiner = node
             if gap is not None:
-                gap.node_starts.append(e.t)
+                gap.node_starts.append(t)
         elif k == "sim.progress":
             self.last_ckpt = int(f.get("ckpt_step", self.last_ckpt))
         elif k == "sim.world_broken":
             if gap is None and self.run_start is not None:
-                self._close_run(e.t, finished=False)
+                self._close_run(t, finished=False)
                 charged: dict[str, Any] | None = self.last_fault
                 rejoin = False
                 if charged is None:
@@ -166,29 +172,29 @@ class LostTime:
                     if earlier is not None:
                         charged = {
                             **earlier,
-                            "t": e.t,
+                            "t": t,
                             "fault": f"rejoin after {earlier['fault']}",
                         }
                     rejoin = True
-                self.gap = _Gap(start=e.t, fault=charged, rejoin=rejoin)
+                self.gap = _Gap(start=t, fault=charged, rejoin=rejoin)
                 self.last_fault = None
         elif k == "sim.world_done":
             if self.run_start is not None:
-                self._close_run(e.t, finished=True)
-                self.done_at = e.t
+                self._close_run(t, finished=True)
+                self.done_at = t
         elif k == "sim.world_running":
             if gap is not None:
-                self._close_gap(gap, int(f.get("round", -1)), e.t)
+                self._close_gap(gap, int(f.get("round", -1)), t)
                 self.gap = None
-            self.run_start = e.t
+            self.run_start = t
             self.run_s0 = int(f.get("from_step", 0))
         elif gap is not None:
             if k in _REACTIONS and gap.reaction is None:
-                gap.reaction = e.t
+                gap.reaction = t
             if k == kinds.AGENT_GROUP_STOPPED:
-                gap.stopped.append(e.t)
+                gap.stopped.append(t)
             elif k == kinds.RENDEZVOUS:
-                gap.rounds.setdefault(int(f.get("round", -1)), e.t)
+                gap.rounds.setdefault(int(f.get("round", -1)), t)
 
     def _close_run(self, end: float, finished: bool, timed_out: bool = False) -> None:
         assert self.run_start is not None

@@ -29,10 +29,10 @@ Definitions:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from elastic.events import AgentEvent, WorkerEvents, kinds
+from elastic.events import AgentEvent, WorkerEvents, kinds, record_fields
 from sim.losses import LostTime
 
 __all__ = ["REPORT_KEYS", "ReportSink", "build_report"]
@@ -114,7 +114,8 @@ class _Causes:
         self.lines: list[str] = []
         self.seen: dict[str, int] = {}  # cause key -> index in lines
         self.last_fault: dict[Any, tuple[str, float]] = {}
-        self.last_failure: dict[Any, AgentEvent] = {}
+        # node -> its last failure's rank, time and fields
+        self.last_failure: dict[Any, tuple[int | None, float, Mapping[str, Any]]] = {}
         self.max_restarts: dict[Any, int] = {}
         self.budget: list[int] = []  # per cause line: how many nodes share it
 
@@ -127,38 +128,40 @@ class _Causes:
         self.budget.append(1)
 
     def see(self, e: AgentEvent) -> None:
-        k, f = e.kind, e.fields
+        self.see_parts(e.t, e.node, e.kind, e.rank, e.fields)
+
+    def see_parts(
+        self, t: float, node: Any, k: str, rank: int | None, f: Mapping[str, Any]
+    ) -> None:
+        """:meth:`see` of the event with these parts (its role is not read)."""
         if k == "sim.fault" and "target" in f and f.get("applied", True):
-            self.last_fault[f["target"]] = (str(f.get("fault", "fault")), e.t)
+            self.last_fault[f["target"]] = (str(f.get("fault", "fault")), t)
         elif k == kinds.AGENT_START:
-            self.max_restarts[e.node] = _count(f.get("max_restarts"))
+            self.max_restarts[node] = _count(f.get("max_restarts"))
         elif k == kinds.WORKER_FAILED:
-            self.last_failure[e.node] = e
+            self.last_failure[node] = (rank, t, f)
         elif k == kinds.AGENT_REFUSED_START:
-            fault = self.last_fault.get(e.node)
+            fault = self.last_fault.get(node)
             by = f" by {fault[0]} at {fault[1]:.1f} s" if fault else ""
             reason = str(f.get("reason", "its agent refused to start its workers"))
-            reason = reason.removeprefix(f"node {e.node}: ")
-            self._add(
-                f"refused:{fault[0] if fault else ''}", f"node {e.node} excluded{by}: {reason}"
-            )
+            reason = reason.removeprefix(f"node {node}: ")
+            self._add(f"refused:{fault[0] if fault else ''}", f"node {node} excluded{by}: {reason}")
         elif k == kinds.AGENT_RENDEZVOUS_ERROR:
             error = str(f.get("error", "rendezvous failed"))
-            self._add(f"rdzv:{error.split(':', 1)[0]}", f"node {e.node}: {error}")
+            self._add(f"rdzv:{error.split(':', 1)[0]}", f"node {node}: {error}")
         elif k == kinds.AGENT_FINISH and f.get("state") == "FAILED":
-            budget = self.max_restarts.get(e.node)
+            budget = self.max_restarts.get(node)
             spent = _count(f.get("restarts"))
-            failure = self.last_failure.get(e.node)
+            failure = self.last_failure.get(node)
             if budget is not None and spent >= budget and failure is not None:
-                ff = failure.fields
+                f_rank, f_t, ff = failure
                 self._add(
                     "budget",
-                    f"node {e.node} spent its restart budget ({spent} of {budget}); the last "
-                    f"failure: rank {failure.rank} exit code {ff.get('exit_code')} at "
-                    f"{failure.t:.1f} s",
+                    f"node {node} spent its restart budget ({spent} of {budget}); the last "
+                    f"failure: rank {f_rank} exit code {ff.get('exit_code')} at {f_t:.1f} s",
                 )
         elif k == kinds.AGENT_FINISH and f.get("state") == "UNHEALTHY":
-            self._add("unhealthy", f"node {e.node}: its workers hung (UNHEALTHY) past the budget")
+            self._add("unhealthy", f"node {node}: its workers hung (UNHEALTHY) past the budget")
 
     def result(self, state: str, end: dict[str, Any], start: dict[str, Any]) -> list[str]:
         lines = [
@@ -191,7 +194,9 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
     return report.result()
 
 
-_Handler = Callable[[AgentEvent], None]
+#: a part's reaction to an event, given its parts but the role, which no part reads:
+#: (t, node, kind, rank, fields)
+_Handler = Callable[[float, Any, str, int | None, Mapping[str, Any]], None]
 
 
 class ReportSink:
@@ -206,7 +211,10 @@ class ReportSink:
     rank assignment) are only counted.  A group of workers' events given as one record
     (:meth:`emit_group`) is counted at once when no part reads its kind, or only the
     part that needs just its first event (:attr:`sim.losses.LostTime.FIRST_AT_AN_INSTANT`);
-    otherwise it is expanded and each event emitted.
+    otherwise it is expanded and each event emitted.  An event may come as its parts
+    (:meth:`emit_parts`, which the simulator's agents call): then no
+    :class:`~elastic.events.AgentEvent` is made for it at all, and every part reads
+    the parts.
     """
 
     def __init__(self) -> None:
@@ -257,9 +265,9 @@ class ReportSink:
         """The handlers of ``kind``'s events, in the order the parts are fed."""
         handlers: list[_Handler] = []
         if kind in _Causes.KINDS:
-            handlers.append(self.causes.see)
+            handlers.append(self.causes.see_parts)
         if kind in LostTime.KINDS:
-            handlers.append(self.losses.see)
+            handlers.append(self.losses.see_parts)
         own = self._own.get(kind)
         if own is not None:
             handlers.append(own)
@@ -269,46 +277,70 @@ class ReportSink:
         return route
 
     def emit(self, e: AgentEvent) -> None:
+        self.emit_parts(e.t, e.node, e.kind, e.role, e.rank, e.fields)
+
+    def emit_parts(
+        self,
+        t: float,
+        node: int | str,
+        kind: str,
+        role: str,
+        rank: int | None,
+        fields: Mapping[str, Any],
+    ) -> None:
+        """:meth:`emit` of ``AgentEvent(t, node, kind, role, rank, fields)``, without it."""
         self.count += 1
-        t = e.t
         if self.t0 is None:
             self.t0 = t
         self.last_t = (t if t > self.last_t else self.last_t) if self.count > 1 else t
-        self.nodes.add(e.node)
-        route = self._routes.get(e.kind)
+        self.nodes.add(node)
+        route = self._routes.get(kind)
         if route is None:
-            route = self._route(e.kind)
+            route = self._route(kind)
         for handler in route:
-            handler(e)
+            handler(t, node, kind, rank, fields)
 
     def emit_group(self, g: WorkerEvents) -> None:
         """Exactly :meth:`emit` of each of ``g.events()``, in order (their time, node and
         kind are the same): counted at once, and the parts that react to the kind fed
         only the first event where that is all they read of a run of them."""
-        n = len(g.ranks)
+        self.emit_group_parts(g.t, g.node, g.kind, g.role, g.ranks, g.keys, g.fields, g.columns)
+
+    def emit_group_parts(
+        self,
+        t: float,
+        node: int | str,
+        kind: str,
+        role: str,
+        ranks: Sequence[int | None],
+        keys: tuple[str, ...],
+        fields: Mapping[str, Any],
+        columns: Mapping[str, Sequence[Any]],
+    ) -> None:
+        """:meth:`emit_group` of the record with these parts, without it."""
+        n = len(ranks)
         if not n:
             return
-        kind = g.kind
         first_only = self._first_only.get(kind)
         if first_only is None:
             first_only = self._first_only[kind] = self._group_first_only(kind)
         if not first_only:
+            g = WorkerEvents.unchecked(t, node, kind, role, ranks, keys, fields, columns)
             for e in g.events():
                 self.emit(e)
             return
-        t = g.t
         if self.t0 is None:
             self.t0 = t
         self.last_t = (t if t > self.last_t else self.last_t) if self.count else t
         self.count += n
-        self.nodes.add(g.node)
+        self.nodes.add(node)
         route = self._routes.get(kind)
         if route is None:
             route = self._route(kind)
         if route:
-            first = g.event(0)
+            first = record_fields(keys, fields, columns, 0)
             for handler in route:
-                handler(first)
+                handler(t, node, kind, ranks[0], first)
 
     def _group_first_only(self, kind: str) -> bool:
         """Whether every part that reacts to ``kind`` reads only the first of a run of
@@ -317,53 +349,71 @@ class ReportSink:
             return False
         return kind not in LostTime.KINDS or kind in LostTime.FIRST_AT_AN_INSTANT
 
-    # -- each kind's own reaction ---------------------------------------------------------
-    def _sim_fault(self, e: AgentEvent) -> None:
-        if e.fields.get("applied", True):
-            kind = str(e.fields.get("fault", "fault"))
-            self.faults[kind] = self.faults.get(kind, 0) + 1
+    # -- each kind's own reaction (an event's parts, as a _Handler) ----------------------
+    def _sim_fault(
+        self, t: float, node: Any, kind: str, rank: int | None, f: Mapping[str, Any]
+    ) -> None:
+        if f.get("applied", True):
+            fault = str(f.get("fault", "fault"))
+            self.faults[fault] = self.faults.get(fault, 0) + 1
 
-    def _sim_start(self, e: AgentEvent) -> None:
+    def _sim_start(
+        self, t: float, node: Any, kind: str, rank: int | None, f: Mapping[str, Any]
+    ) -> None:
         self.simulated = True
-        self.start = dict(e.fields)
+        self.start = dict(f)
 
-    def _sim_end(self, e: AgentEvent) -> None:
-        self.end = dict(e.fields)
-        self.end_t = e.t
+    def _sim_end(
+        self, t: float, node: Any, kind: str, rank: int | None, f: Mapping[str, Any]
+    ) -> None:
+        self.end = dict(f)
+        self.end_t = t
 
-    def _agent_start(self, e: AgentEvent) -> None:
-        self.incarnation[e.node] = self.incarnation.get(e.node, 0) + 1
+    def _agent_start(
+        self, t: float, node: Any, kind: str, rank: int | None, f: Mapping[str, Any]
+    ) -> None:
+        self.incarnation[node] = self.incarnation.get(node, 0) + 1
 
-    def _agent_finish(self, e: AgentEvent) -> None:
-        self.finish_states.add(str(e.fields.get("state")))
-        self.finished_nodes.add(e.node)
-        key = (e.node, self.incarnation.get(e.node, 0))
-        self.restarts_by_agent[key] = int(e.fields.get("restarts", 0))
+    def _agent_finish(
+        self, t: float, node: Any, kind: str, rank: int | None, f: Mapping[str, Any]
+    ) -> None:
+        self.finish_states.add(str(f.get("state")))
+        self.finished_nodes.add(node)
+        key = (node, self.incarnation.get(node, 0))
+        self.restarts_by_agent[key] = int(f.get("restarts", 0))
 
-    def _agent_restart(self, e: AgentEvent) -> None:
-        if e.fields.get("reason") == kinds.RESTART_MEMBERSHIP:
-            key = (e.node, self.incarnation.get(e.node, 0))
+    def _agent_restart(
+        self, t: float, node: Any, kind: str, rank: int | None, f: Mapping[str, Any]
+    ) -> None:
+        if f.get("reason") == kinds.RESTART_MEMBERSHIP:
+            key = (node, self.incarnation.get(node, 0))
             self.membership_by_agent[key] = self.membership_by_agent.get(key, 0) + 1
 
-    def _rendezvous(self, e: AgentEvent) -> None:
-        self.rounds.add(int(e.fields.get("round", 0)))
+    def _rendezvous(
+        self, t: float, node: Any, kind: str, rank: int | None, f: Mapping[str, Any]
+    ) -> None:
+        self.rounds.add(int(f.get("round", 0)))
 
-    def _group_started(self, e: AgentEvent) -> None:
-        self.world_size = int(e.fields.get("world_size", self.world_size))
+    def _group_started(
+        self, t: float, node: Any, kind: str, rank: int | None, f: Mapping[str, Any]
+    ) -> None:
+        self.world_size = int(f.get("world_size", self.world_size))
         if not self.world_sizes or self.world_sizes[-1] != self.world_size:
             self.world_sizes.append(self.world_size)
 
-    def _hang(self, e: AgentEvent) -> None:
+    def _hang(self, t: float, node: Any, kind: str, rank: int | None, f: Mapping[str, Any]) -> None:
         self.hangs += 1
 
-    def _recovery(self, e: AgentEvent) -> None:
+    def _recovery(
+        self, t: float, node: Any, kind: str, rank: int | None, f: Mapping[str, Any]
+    ) -> None:
         # only the recoveries the report gives: a simulated run's (world broken -> running
         # again) or a real log's (a break -> the next group start); the other would keep a
         # float per node per round for nothing (memory growing with simulated time)
         if self.simulated:
-            self.sim_rec.see(e.kind, e.t)
+            self.sim_rec.see(kind, t)
         else:
-            self.real_rec.see(e.kind, e.t)
+            self.real_rec.see(kind, t)
 
     def result(self) -> dict[str, Any]:
         """The report of the events seen so far."""

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from elastic.events import AgentEvent, EventSink, ListSink, WorkerEvents
+from elastic.events import AgentEvent, EventSink, ListSink, WorkerEvents, parts_sink
 from elastic.rendezvous import get_rendezvous_handler
 from elastic.rendezvous.api import RendezvousContext, RendezvousHandler, RendezvousParameters
 from sim.calibration import Calibration, ModelLatencies
@@ -226,9 +226,12 @@ class _RunSinks:
     ``emit_group`` (a group of workers' events as one record, 16 of those 20) is there
     only when every sink takes records (the report does; a ``sink=`` without
     ``emit_group`` makes the agents emit each event, as they always did), so a run whose
-    sinks read no worker's events pays once per group, not once per worker."""
+    sinks read no worker's events pays once per group, not once per worker.  Likewise
+    ``emit_parts`` and ``emit_group_parts`` (an event or a record as its parts, no
+    :class:`AgentEvent` or record made) are the only sink's own when it takes parts (the
+    report: :func:`~elastic.events.parts_sink`), else ``None``."""
 
-    __slots__ = ("_sinks", "_takers", "emit", "emit_group")
+    __slots__ = ("_sinks", "_takers", "emit", "emit_group", "emit_group_parts", "emit_parts")
 
     def __init__(self, sinks: list[EventSink]) -> None:
         self._sinks: tuple[EventSink, ...] = tuple(sinks)
@@ -240,6 +243,12 @@ class _RunSinks:
         self.emit_group: Callable[[WorkerEvents], None] | None = None
         if len(self._takers) == len(self._sinks):
             self.emit_group = self._takers[0] if len(self._takers) == 1 else self._group_all
+        self.emit_parts: Callable[..., None] | None = None
+        self.emit_group_parts: Callable[..., None] | None = None
+        sole = parts_sink(self._sinks[0]) if len(self._sinks) == 1 else None
+        if sole is not None:
+            self.emit_parts = sole.emit_parts
+            self.emit_group_parts = sole.emit_group_parts
 
     def _emit_all(self, event: AgentEvent) -> None:
         for s in self._sinks:
@@ -255,6 +264,8 @@ class _RunSinks:
         self.emit = _drop
         if self.emit_group is not None:
             self.emit_group = _drop_group
+        if self.emit_parts is not None:
+            self.emit_parts = self.emit_group_parts = _drop_parts
 
 
 def _drop(event: AgentEvent) -> None:
@@ -263,6 +274,10 @@ def _drop(event: AgentEvent) -> None:
 
 def _drop_group(group: WorkerEvents) -> None:
     """A closed run's sinks, for a group of workers' events."""
+
+
+def _drop_parts(*parts: Any) -> None:
+    """A closed run's sinks, for an event or a record given as its parts."""
 
 
 async def _drive_faults(c: SimCluster, faults: list[Fault]) -> None:

@@ -53,7 +53,15 @@ from elastic.agent.server._decide import (
 from elastic.agent.server.role_info import RoleInstanceInfo as _RoleInstanceInfo  # noqa: F401 (torch's private name, imported by its tests)
 from elastic.clock import Cancelled, Clock, OneShot, Task, Waitable
 from elastic.errors import ElasticError
-from elastic.events import AgentEvent, EventSink, NullSink, WorkerEvents, kinds
+from elastic.events import (
+    AgentEvent,
+    EventSink,
+    NullSink,
+    PartsSink,
+    WorkerEvents,
+    kinds,
+    parts_sink,
+)
 from elastic.metrics.core import AgentMetrics, MetricHandler, NullMetricHandler
 from elastic.rendezvous.api import (
     RendezvousClosedError,
@@ -385,6 +393,7 @@ class SimpleElasticAgent(ElasticAgent):
         self.metrics = AgentMetrics(metrics_handler or NullMetricHandler(), now)
         self._metrics_handler_given = metrics_handler is not None
         self._events: EventSink = events if events is not None else NullSink()
+        self._parts: PartsSink | None = parts_sink(self._events)  # see _emit_fields
         self._node = node
         self._health_watches = list(health_watches or [])
         self._pre_start_checks = list(pre_start_checks or [])
@@ -419,7 +428,7 @@ class SimpleElasticAgent(ElasticAgent):
 
     def detach_events(self) -> None:
         """Send no more events (the simulator's node died under this agent)."""
-        self._events = NullSink()
+        self._events = self._parts = NullSink()
 
     def set_death_signal(self, sig: int) -> None:
         """The signal the workers get when the agent is told to stop (SIGTERM by default)."""
@@ -451,10 +460,15 @@ class SimpleElasticAgent(ElasticAgent):
         Performance: ~21 events per node per job restart in a large simulation, 16 of them
         per worker (sent as two records where the sink takes them); the others are emitted
         with a dict display, not keyword arguments (an eighth of a microsecond each); the
-        clock is read without the property and the event is made positionally."""
+        clock is read without the property and the event is made positionally, or not at
+        all for a sink that takes its parts (``emit_parts``: the simulator's report)."""
         clock = self._clock
         now = (clock if clock is not None else self.clock).now()
         self.last_event_time = now
+        parts = self._parts
+        if parts is not None:
+            parts.emit_parts(now, self._node, kind, self._worker_group.spec.role, rank, fields)
+            return
         self._events.emit(
             AgentEvent(now, self._node, kind, self._worker_group.spec.role, rank, fields)
         )
@@ -492,6 +506,10 @@ class SimpleElasticAgent(ElasticAgent):
         now = (clock if clock is not None else self.clock).now()
         self.last_event_time = now
         role = self._worker_group.spec.role
+        parts = self._parts
+        if parts is not None:  # a sink that takes parts: no record made (see _emit_fields)
+            parts.emit_group_parts(now, self._node, kind, role, ranks, keys, shared, columns)
+            return
         take(WorkerEvents.unchecked(now, self._node, kind, role, ranks, keys, shared, columns))
 
     # -- the synchronous API (real mode) ------------------------------------------------
