@@ -259,6 +259,48 @@ class WorkerGroup:
         assert self._block is not None
         return self._block[0]
 
+    def _columns(self) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+        """The workers' local ranks, global ranks, role ranks, world sizes and role world
+        sizes, in order, without making them (Performance: from the block, in C)."""
+        block = self._block if self._workers is None else None
+        if block is not None:
+            lws, base_global, base_role, world_size, role_world_size = block
+            return (
+                list(range(lws)),
+                list(range(base_global, base_global + lws)),
+                list(range(base_role, base_role + lws)),
+                [world_size] * lws,
+                [role_world_size] * lws,
+            )
+        workers = self.workers
+        return (
+            [w.local_rank for w in workers],
+            [w.global_rank for w in workers],
+            [w.role_rank for w in workers],
+            [w.world_size for w in workers],
+            [w.role_world_size for w in workers],
+        )
+
+    def _set_ids(self, ids: dict[int, int]) -> list[int | None]:
+        """Give each worker its id (pid) by local rank; their ids in order (the workers
+        not made: each gets its id when it is)."""
+        if self._workers is None:
+            assert self._block is not None
+            self._ids = ids
+            return list(map(ids.get, range(self._block[0])))
+        workers = self._workers
+        for w in workers:
+            w.id = ids.get(w.local_rank)
+        return [w.id for w in workers]
+
+    def _global_ranks(self, local_ranks: list[int]) -> list[int]:
+        """The global ranks of the workers of these local ranks, without making them."""
+        block = self._block if self._workers is None else None
+        if block is not None:  # worker i of the block has global rank base + i
+            return list(map(block[1].__add__, local_ranks))
+        workers = self.workers
+        return [workers[lr].global_rank for lr in local_ranks]
+
 
 @dataclass
 class RunResult:
@@ -1045,22 +1087,7 @@ class SimpleElasticAgent(ElasticAgent):
         elif not any(isinstance(a, str) and "${local_rank}" in a for a in spec.args):
             shared = tuple(str(a) if isinstance(a, str) else a for a in spec.args)
         # the columns of the group: its launch record and its workers' START events
-        # (Performance: from the rendezvous's block while no Worker is made, in C)
-        block = wg._block if wg._workers is None else None
-        if block is not None:
-            lws, base_global, base_role, world_size, role_world_size = block
-            local_ranks = list(range(lws))
-            global_ranks = list(range(base_global, base_global + lws))
-            role_ranks = list(range(base_role, base_role + lws))
-            world_sizes = [world_size] * lws
-            role_world_sizes = [role_world_size] * lws
-        else:
-            workers = wg.workers
-            local_ranks = [w.local_rank for w in workers]
-            global_ranks = [w.global_rank for w in workers]
-            role_ranks = [w.role_rank for w in workers]
-            world_sizes = [w.world_size for w in workers]
-            role_world_sizes = [w.role_world_size for w in workers]
+        local_ranks, global_ranks, role_ranks, world_sizes, role_world_sizes = wg._columns()
         port = self.workers_port
         start_group = getattr(port, "start_group", None)
         if start_group is not None and shared is not None and self._envs_are_own():
@@ -1099,13 +1126,7 @@ class SimpleElasticAgent(ElasticAgent):
         group_rank = wg.group_rank
         take = self._group_sink()
         if take is not None:
-            if block is not None and wg._workers is None:
-                wg._ids = pids  # each Worker's id when it is made
-                worker_pids = list(map(pids.get, local_ranks))
-            else:
-                for w in wg.workers:
-                    w.id = pids.get(w.local_rank)
-                worker_pids = [w.id for w in wg.workers]
+            worker_pids = wg._set_ids(pids)
             self._emit_group(
                 take,
                 kinds.WORKER_START,
@@ -1168,16 +1189,10 @@ class SimpleElasticAgent(ElasticAgent):
             else:
                 local_ranks = [ex.local_rank for ex in exits]
                 codes = [ex.exit_code for ex in exits]
-            block = wg._block if wg._workers is None else None
-            if block is not None:  # worker i of the block has global rank base + i
-                ranks = list(map(block[1].__add__, local_ranks))
-            else:
-                workers = wg.workers
-                ranks = [workers[lr].global_rank for lr in local_ranks]
             self._emit_group(
                 take,
                 kinds.WORKER_TERMINATED,
-                ranks,
+                wg._global_ranks(local_ranks),
                 _TERMINATED_KEYS,
                 {"attempt": attempt},
                 {"local_rank": local_ranks, "exit_code": codes},
