@@ -187,6 +187,11 @@ class World:
         self.round = round_
         self.size = size
         self.members: dict[int, _Member] = {}
+        # the members in the order they joined, and how many workers they brought: while
+        # that is ``len(members)`` (no global rank joined twice), a stopped world reads its
+        # workers group by group (break_), not rank by rank
+        self._groups: list[_Member] = []
+        self._joined = 0
         self.ready = 0
         self.state = WorldState.FORMING
         self.s0 = 0
@@ -206,10 +211,12 @@ class World:
             # workers arriving at a broken/finished world: each will time out like a
             # process whose peers never come
             for i in range(len(g.states)):
-                self._arm_timeout_for([(g.member, i)])
+                self._arm_timeout_for([(g.member, (i,))])
             return
         # Performance: in C, not a loop per worker (eight per node per job restart)
         self.members.update(zip(g.global_ranks, repeat(g.member)))
+        self._groups.append(g.member)
+        self._joined += len(g.global_ranks)
 
     def group_ready(self, g: SimGroup) -> None:
         """Each worker of ``g`` still starting is ready, in order, as one call per worker
@@ -243,7 +250,7 @@ class World:
                 states[i] = _READY
         self.ready = ready + k
 
-    def _arm_timeout_for(self, workers: list[tuple[_Member, int]] | None) -> None:
+    def _arm_timeout_for(self, workers: list[tuple[_Member, Sequence[int]]] | None) -> None:
         clock = self.training.clock
         gen = self._gen
         ev = clock.env.timeout(self.training.model.collective_timeout)
@@ -349,15 +356,38 @@ class World:
             self._gen += 1
             self.stalled.set(beat)
             self.training.emit("sim.world_broken", round=self.round, cause=cause)
-            survivors: list[tuple[_Member, int]] = []
-            for gr, m in self._retire():
-                g = m.group
-                if g is None:
-                    continue  # every worker of it exited
-                i = g.index_of_global(gr)
-                st = g.states[i]
-                if st is not _EXITED and st is not _HUNG and (m, i) != culprit:
-                    survivors.append((m, i))
+            survivors: list[tuple[_Member, Sequence[int]]] = []
+            culprit_member = culprit[0] if culprit is not None else None
+            if self._joined == len(self.members):
+                # Performance: no global rank joined twice, so the members' workers are
+                # each group's columns in the order they joined: read group by group (at
+                # 2,048 nodes, 16,384 workers per round's break, not a lookup of each)
+                groups = self._groups
+                self._forget()
+                for m in groups:
+                    g = m.group
+                    if g is None:
+                        continue  # every worker of it exited
+                    states = g.states
+                    if _EXITED in states or _HUNG in states or m is culprit_member:
+                        live = [
+                            i
+                            for i, st in enumerate(states)
+                            if st is not _EXITED and st is not _HUNG and (m, i) != culprit
+                        ]
+                        if live:
+                            survivors.append((m, live))
+                    elif states:
+                        survivors.append((m, range(len(states))))
+            else:
+                for gr, m in self._retire():
+                    g = m.group
+                    if g is None:
+                        continue  # every worker of it exited
+                    i = g.index_of_global(gr)
+                    st = g.states[i]
+                    if st is not _EXITED and st is not _HUNG and (m, i) != culprit:
+                        survivors.append((m, (i,)))
             self._arm_timeout_for(survivors)
 
     def _retire(self) -> list[tuple[int, _Member]]:
@@ -368,17 +398,28 @@ class World:
         timeout), and they hold their groups and every exit: kept, every past round's
         workers stayed in memory (25 MB a round at 2,048 nodes)."""
         members = list(self.members.items())
-        self.members = {}
+        self._forget()
         return members
 
-    def _fail_members(self, workers: list[tuple[_Member, int]], why: str) -> None:
+    def _forget(self) -> None:
+        """Hold no member any more (see :meth:`_retire`)."""
+        self.members = {}
+        self._groups = []
+        self._joined = 0
+
+    def _fail_members(self, workers: list[tuple[_Member, Sequence[int]]], why: str) -> None:
+        """Each worker of ``workers`` (a group and places in it) still alive fails, in
+        global-rank order."""
         # Performance: only the live ones are sorted (when a broken world's survivors
         # time out, their agents have stopped nearly all of them: at 2,048 nodes the
-        # sort of 16,384 workers, most dead, was most of this call)
+        # sort of 16,384 workers, most dead, was most of this call); a group whose
+        # workers all exited is skipped whole
         alive = [
             (g.global_ranks[i], g, i)
-            for m, i in workers
-            if (g := m.group) is not None and g.states[i] is not _EXITED
+            for m, places in workers
+            if (g := m.group) is not None
+            for i in places
+            if g.states[i] is not _EXITED
         ]
         alive.sort(key=_first)
         for _, g, i in alive:
@@ -386,10 +427,10 @@ class World:
                 g._exit(i, SIGABRT_EXIT, ExitCause.SIGNALED, reason=why)
 
 
-def _workers_of(members: list[tuple[int, _Member]]) -> list[tuple[_Member, int]]:
-    """The live groups' workers of (global rank, member) pairs: (member, place in its
-    group); a group whose workers all exited has none."""
-    return [(m, g.index_of_global(gr)) for gr, m in members if (g := m.group) is not None]
+def _workers_of(members: list[tuple[int, _Member]]) -> list[tuple[_Member, Sequence[int]]]:
+    """The live groups' workers of (global rank, member) pairs: (member, (place in its
+    group,)); a group whose workers all exited has none."""
+    return [(m, (g.index_of_global(gr),)) for gr, m in members if (g := m.group) is not None]
 
 
 class _Member:
@@ -452,8 +493,12 @@ class SimGroup:
         # each exit: (place, code, time, cause, extra) until taken, then its WorkerExit
         self._exits: list[tuple[int, int, float, ExitCause, Mapping[str, Any]] | WorkerExit] = []
         self._seen_at: list[float] = []  # when the agent may see each exit
+        # a stop's exits not in those lists yet: (places, code, time) (see _flush)
+        self._pending: tuple[Sequence[int], int, float] | None = None
         self._returned = 0
         self._waiter: OneShot | None = None
+        # the callbacks of listeners while no wake-up event is made (see _new_waiter)
+        self._listening: list[Callable[[Any], None]] | None = None
         world = t.world_for(round_, world_size)
         self.world = world
         world.join_group(self)
@@ -486,8 +531,32 @@ class SimGroup:
             by = self._by_local = {lr: i for i, lr in enumerate(self.local_ranks)}
         return by.get(local_rank)
 
+    def _flush(self) -> None:
+        """Put the pending stop's exits in ``_exits`` and ``_seen_at`` (each as
+        :meth:`_exit_all` would have made it): every reader of those lists calls this first.
+
+        Performance: a stop for a restart (one per node per job restart) leaves its exits
+        pending, and nothing reads them unless the agent takes them (a failure report)."""
+        pending = self._pending
+        if pending is None:
+            return
+        self._pending = None
+        live, code, now = pending
+        self._exits.extend(
+            zip(
+                live,
+                repeat(code),
+                repeat(now),
+                repeat(ExitCause.STOPPED_BY_AGENT),
+                repeat({"reason": "stopped_by_agent"}),
+            )
+        )
+        self._seen_at.extend(repeat(now, len(live)))
+
     def _record(self, j: int) -> WorkerExit:
         """Exit ``j`` as a :class:`WorkerExit`, made once."""
+        if self._pending is not None:
+            self._flush()
         x = self._exits[j]
         if type(x) is tuple:
             i, code, t, cause, extra = x
@@ -513,6 +582,8 @@ class SimGroup:
 
         Exactly as one ``_exit`` after another: the waiting ``next_exit`` is woken at the
         first exit, before the first break of the world (both schedule at this instant)."""
+        if self._pending is not None:
+            self._flush()
         t = self.training
         now = t.clock.now()
         notice = t.exit_notice
@@ -534,7 +605,7 @@ class SimGroup:
             if notice > 0:
                 ev = t.clock.env.timeout(notice)
                 ev.callbacks.append(lambda _: self._wake())
-            elif self._waiter is not None:
+            elif self._waiter is not None or self._listening:
                 self._wake()
             # a world already broken or done: break_ would do nothing
             if (
@@ -545,9 +616,27 @@ class SimGroup:
                 world.break_(reason or cause.value, culprit=(self.member, i))
 
     def _wake(self) -> None:
-        if self._waiter is not None:
-            waiter, self._waiter = self._waiter, None
-            waiter.set()
+        waiter = self._waiter
+        if waiter is None:
+            if not self._listening:
+                return  # nobody waits: no wake-up event
+            waiter = self._new_waiter()
+        self._waiter = None
+        waiter.set()
+
+    def _new_waiter(self) -> OneShot:
+        """The wake-up event, made now; the callbacks of the listeners kept until now are
+        its first callbacks, in the order they listened (the list itself: a listener's
+        cancel removes its callback from it)."""
+        clock = self.training.clock
+        waiter = self._waiter = clock.event()
+        listening = self._listening
+        if listening:
+            ev = clock.event_of(waiter)
+            listening.extend(ev.callbacks)  # (none: the event is new)
+            ev.callbacks = listening
+            self._listening = None
+        return waiter
 
     # -- faults on workers ------------------------------------------------------------------
     def _live_index(self, local_rank: int) -> int | None:
@@ -613,16 +702,23 @@ class SimGroup:
 
     async def next_exit(self) -> WorkerExit:
         clock = self.training.clock
-        while self._returned >= len(self._exits) or self._seen_at[self._returned] > clock.now():
-            if self._waiter is None:
-                self._waiter = clock.event()
-            await self._waiter.wait()
-        j = self._returned
+        while True:
+            if self._pending is not None:
+                self._flush()
+            j = self._returned
+            if j < len(self._exits) and not self._seen_at[j] > clock.now():
+                break
+            waiter = self._waiter
+            if waiter is None:
+                waiter = self._new_waiter()
+            await waiter.wait()
         self._returned = j + 1
         return self._record(j)
 
     def take_exit(self) -> WorkerExit | None:
         """What ``next_exit`` returns without waiting, else ``None`` (ListenedGroup)."""
+        if self._pending is not None:
+            self._flush()
         j = self._returned
         if j >= len(self._exits) or self._seen_at[j] > self.training.clock.now():
             return None
@@ -631,12 +727,20 @@ class SimGroup:
 
     def listen(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Call ``fn()`` where a ``next_exit`` waiting now would resume: as a callback of
-        the same wake-up event, in the place its task's resumption had (ListenedGroup)."""
-        clock = self.training.clock
-        if self._waiter is None:
-            self._waiter = clock.event()
-        callbacks = clock.event_of(self._waiter).callbacks
-        assert callbacks is not None  # a waiter is dropped when it fires
+        the same wake-up event, in the place its task's resumption had (ListenedGroup).
+
+        Performance: while no wake-up event is made, the callback is kept in a list that
+        becomes the event's callbacks when one is (at an exit, or a ``next_exit`` that
+        waits): the agent listens once per node per job restart and cancels (its group
+        is stopped) far more often than an exit wakes it."""
+        waiter = self._waiter
+        if waiter is not None:
+            callbacks = self.training.clock.event_of(waiter).callbacks
+            assert callbacks is not None  # a waiter is dropped when it fires
+        else:
+            callbacks = self._listening
+            if callbacks is None:
+                callbacks = self._listening = []
 
         def call(_: Event) -> None:
             fn()
@@ -665,8 +769,12 @@ class SimGroup:
         states = self.states
         n = len(states)
         lrs = self.local_ranks
-        # the live workers by local rank
-        order: Sequence[int] = sorted(range(n), key=lrs.__getitem__)
+        # the live workers by local rank (Performance: the usual group's local ranks
+        # ascend, and sorting them is much cheaper than a sort keyed by them; one stop per
+        # node per job restart)
+        order: Sequence[int] = (
+            range(n) if sorted(lrs) == lrs else sorted(range(n), key=lrs.__getitem__)
+        )
         live = order if self._alive == n else [i for i in order if states[i] is not _EXITED]
         if not live:
             return ExitList([], [], list)
@@ -689,6 +797,8 @@ class SimGroup:
             # Performance: after(), the sleep without its coroutine (one per node per
             # job restart)
             await training.clock.after(delay)
+        if self._pending is not None:
+            self._flush()
         before = len(self._exits)
         code = -sig
         world = self.world
@@ -712,20 +822,15 @@ class SimGroup:
             self._alive -= k
             if not self._alive:
                 self.member.group = None
-            now = training.clock.now()
-            self._exits.extend(
-                zip(
-                    live,
-                    repeat(code),
-                    repeat(now),
-                    repeat(ExitCause.STOPPED_BY_AGENT),
-                    repeat({"reason": "stopped_by_agent"}),
-                )
-            )
-            self._seen_at.extend(repeat(now, k))
-            if self._waiter is not None:
+            # its exits pending (_flush): made only if read
+            self._pending = (live, code, training.clock.now())
+            if self._waiter is not None or self._listening:
                 self._wake()
-            return ExitList([lrs[i] for i in live], [code] * k, self._records(before, before + k))
+            return ExitList(
+                list(lrs) if live is order and type(order) is range else [lrs[i] for i in live],
+                [code] * k,
+                self._records(before, before + k),
+            )
         self._exit_all(
             [(i, SIGKILL_EXIT if states[i] is _HUNG else code) for i in live],
             ExitCause.STOPPED_BY_AGENT,

@@ -185,3 +185,49 @@ def test_unchecked_worker_events_equal_the_checked_record() -> None:
     unchecked = WorkerEvents.unchecked(*args)  # type: ignore[arg-type]
     assert unchecked == checked
     assert [e.to_json() for e in unchecked.events()] == [e.to_json() for e in checked.events()]
+
+
+def test_the_env_base_made_again_equals_a_fresh_one() -> None:
+    """``_env_base`` copies its last env while only the group rank changed: each env it
+    gives equals (keys in order) the one a fresh agent makes, whatever changed, and what a
+    caller does to one does not reach the next."""
+
+    def agent_at(rank: int, world: int, addr: str, port: int, remaining: int) -> Any:
+        spec = WorkerSpec(
+            role="trainer",
+            local_world_size=3,
+            rdzv_handler=_Handler(),  # type: ignore[arg-type]
+            entrypoint="train.py",
+            max_restarts=5,
+        )
+        agent = SimpleElasticAgent(spec, clock=_Clock())  # type: ignore[arg-type]
+        agent._remaining_restarts = remaining
+        wg = agent.get_worker_group()
+        wg.group_rank, wg.group_world_size, wg.master_addr, wg.master_port = rank, world, addr, port
+        return agent
+
+    def items(env: dict[str, str]) -> list[tuple[str, str]]:
+        return list(env.items())
+
+    steps = [
+        (1, 4, "node0", 29500, 5),
+        (2, 4, "node0", 29500, 5),  # the group rank only: a copy
+        (2, 4, "node0", 29500, 5),
+        (0, 3, "node0", 29500, 5),
+        (0, 3, "node2", 29501, 5),
+        (0, 3, "node2", 29501, 4),  # a restart spent
+        (3, 3, "node2", 29501, 4),
+    ]
+    agent = agent_at(*steps[0])
+    wg = agent.get_worker_group()
+    for rank, world, addr, port, remaining in steps:
+        wg.group_rank, wg.group_world_size, wg.master_addr, wg.master_port = rank, world, addr, port
+        agent._remaining_restarts = remaining
+        fresh = agent_at(rank, world, addr, port, remaining)
+        want = items(fresh._env_base(fresh.get_worker_group()))
+        got = agent._env_base(wg)
+        assert items(got) == want
+        got["GROUP_RANK"], got["EXTRA"] = "x", "y"  # the caller's own
+    wg.master_addr = "node9"
+    assert agent._env_base(wg)["MASTER_ADDR"] == "node9"
+    assert "EXTRA" not in agent._env_base(wg)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from elastic._records import Frozen, set_fields
+from elastic._records import Frozen, set_fields, slot_setters
 
 __all__ = ["AgentAssignment", "RoleInfo", "assign_ranks", "expand_runs", "rank_blocks", "rank_runs"]
 
@@ -62,16 +62,23 @@ class AgentAssignment(Frozen):
     def __init__(
         self, base_global_rank: int, world_size: int, base_role_rank: int, role_world_size: int
     ) -> None:
-        set_fields(self, "base_global_rank", base_global_rank)
-        set_fields(self, "world_size", world_size)
-        set_fields(self, "base_role_rank", base_role_rank)
-        set_fields(self, "role_world_size", role_world_size)
+        _a_base_global_rank(self, base_global_rank)
+        _a_world_size(self, world_size)
+        _a_base_role_rank(self, base_role_rank)
+        _a_role_world_size(self, role_world_size)
 
     def global_ranks(self, local_world_size: int) -> range:
         return range(self.base_global_rank, self.base_global_rank + local_world_size)
 
     def role_ranks(self, local_world_size: int) -> range:
         return range(self.base_role_rank, self.base_role_rank + local_world_size)
+
+
+# one assignment per node per job restart: the slots' setters directly
+# (elastic._records.slot_setters)
+_a_base_global_rank, _a_world_size, _a_base_role_rank, _a_role_world_size = slot_setters(
+    AgentAssignment, "base_global_rank", "world_size", "base_role_rank", "role_world_size"
+)
 
 
 def rank_blocks(agents: Sequence[tuple[str, int]]) -> list[list[int]]:
