@@ -25,14 +25,43 @@ implementation, in both worlds):
   operation — torch's semantics;
 * ``multi_get`` waits for all keys; ``multi_set`` is applied as one revision;
 * leased keys vanish ``ttl`` after the owner stops renewing, not before.
+
+A wake and the read that follows it: ``watch_snapshot``
+--------------------------------------------------------
+A waiter that wakes almost always reads at once (the rendezvous: a joiner its round's
+own keys, a member its round's wait list).  A store that can answers both in one round
+trip with the optional operation ``watch_snapshot(prefix, after, read_prefix,
+timeout)`` (:class:`WatchSnapshotStore`; not part of :class:`Store`, so a store written
+before it keeps working).  Its invariant:
+
+* it waits as ``watch(prefix, after, timeout)`` does (for a mutation under ``prefix``
+  with revision > ``after``; a compacted history wakes it at once; :class:`TimeoutError`
+  after ``timeout``) and returns ``(rev, items)``: ``items`` is exactly what
+  ``snapshot(read_prefix)`` returns at revision ``rev``, and ``rev`` is at least the
+  revision that woke it (no later mutation is in ``items``; a ``watch`` from ``rev``
+  sees every one).  ``rev`` is the woken revision itself where the store reads at the
+  wake (etcd: a range at the event's revision), or the store's revision at the instant
+  it read (the in-memory and network stores, whose host reads when the watch wakes,
+  before it answers).
+
+:func:`watch_snapshot_op` gives the operation of any store: its own, else ``watch`` then
+``snapshot`` (two round trips, the same invariant: the snapshot's revision is at least
+the woken one).  Native: :class:`~elastic.memstore.MemoryStore` and the simulator's
+client (one simulated round trip), the network store (one wire op, answered by the host
+at the wake; a host too old to have it is detected at ``hello`` and the client falls
+back), etcd (a watch, then a range at the event's revision: two RPCs inside the store,
+one operation to its caller), the polled backend's store (one read of its blob gives
+both: :class:`~elastic.rendezvous.backend_store.BackendStore`); a
+:class:`~elastic.rendezvous.prefix_store.PrefixStore` forwards it.  The conformance
+suite checks the invariant on every store, through :func:`watch_snapshot_op`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Lease", "Store"]
+__all__ = ["Lease", "Store", "WatchSnapshot", "WatchSnapshotStore", "watch_snapshot_op"]
 
 
 @runtime_checkable
@@ -106,3 +135,40 @@ class Store(Protocol):
     async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
         """Wait for a mutation of a key under ``prefix`` with revision > ``after``; return it."""
         ...
+
+
+#: ``watch_snapshot``'s signature: (prefix, after, read_prefix, timeout) -> (rev, items)
+WatchSnapshot = Callable[[str, int, str, float | None], Awaitable[tuple[int, dict[str, bytes]]]]
+
+
+class WatchSnapshotStore(Store, Protocol):
+    """A store that answers a wake and the read that follows it in one round trip."""
+
+    async def watch_snapshot(
+        self, prefix: str, after: int, read_prefix: str, timeout: float | None = None
+    ) -> tuple[int, dict[str, bytes]]:
+        """Wait as :meth:`Store.watch` does; then ``read_prefix``'s snapshot at the wake.
+
+        Returns ``(rev, items)``: ``items`` is ``read_prefix``'s keys and values at
+        revision ``rev``, and ``rev`` is at least the revision that woke the watch (the
+        module docstring).
+        """
+        ...
+
+
+def watch_snapshot_op(store: Store) -> WatchSnapshot:
+    """``store``'s ``watch_snapshot``: its own if it has one, else ``watch`` then
+    ``snapshot`` (two round trips, the same invariant).  Look it up once per caller, not
+    per call (the rendezvous does so per handler)."""
+    native = getattr(store, "watch_snapshot", None)
+    if callable(native):
+        op: WatchSnapshot = native
+        return op
+
+    async def fallback(
+        prefix: str, after: int, read_prefix: str, timeout: float | None = None
+    ) -> tuple[int, dict[str, bytes]]:
+        await store.watch(prefix, after, timeout)
+        return await store.snapshot(read_prefix)
+
+    return fallback

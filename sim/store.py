@@ -346,3 +346,10 @@ class SimStoreClient:
         self, prefix: str, after: int, timeout: float | None = None
     ) -> Coroutine[Any, Any, int]:
         return self._call(self.host.store.watch, prefix, after, timeout)
+
+    def watch_snapshot(
+        self, prefix: str, after: int, read_prefix: str, timeout: float | None = None
+    ) -> Coroutine[Any, Any, tuple[int, dict[str, bytes]]]:
+        """A watch and the read at its wake in one round trip: the host reads when the
+        watch wakes and sends the snapshot with the wake-up (MemoryStore.watch_snapshot)."""
+        return self._call(self.host.store.watch_snapshot, prefix, after, read_prefix, timeout)

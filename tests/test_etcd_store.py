@@ -298,20 +298,58 @@ def test_watch_times_out(etcd: EtcdCluster) -> None:
     assert within(run(etcd, body), D)
 
 
+async def _five_writes_compacted(c: EtcdStoreClient) -> tuple[int, int]:
+    """Write ``p/0``..``p/4`` and compact etcd's history up to them: (the revision before
+    the writes, the current one)."""
+    old, _ = await c.snapshot("p/")
+    for i in range(5):
+        await c.set(f"p/{i}", b"x")
+    current = await c.revision()
+    g = c._g
+    await c._ep().kv.Compact(g.rpc.CompactionRequest(revision=current, physical=True))
+    return old, current
+
+
 def test_watch_from_a_compacted_revision_returns_the_current_revision(
     etcd: EtcdCluster,
 ) -> None:
     async def body(c: EtcdStoreClient) -> tuple[int, int]:
-        old, _ = await c.snapshot("p/")
-        for i in range(5):
-            await c.set(f"p/{i}", b"x")
-        current = await c.revision()
-        g = c._g
-        await c._ep().kv.Compact(g.rpc.CompactionRequest(revision=current, physical=True))
+        old, current = await _five_writes_compacted(c)
         return await c.watch("p/", old, timeout=5), current
 
     seen, current = run(etcd, body)
     assert seen >= current  # re-read with snapshot, as the port says
+
+
+def test_watch_snapshot_reads_at_the_revision_of_the_event_that_woke_it(
+    etcd: EtcdCluster,
+) -> None:
+    """etcd answers a watch with the event, then the range is read at that event's
+    revision: a later change under the read prefix is not in the snapshot (it is for the
+    next call from the returned revision)."""
+
+    async def body(c: EtcdStoreClient) -> None:
+        old, _ = await c.snapshot("")
+        await c.multi_set({"w/k": b"1", "r/a": b"1"})  # old + 1: the wake and its data
+        await c.set("r/a", b"2")  # old + 2: after the wake
+        rev, items = await c.watch_snapshot("w/", old, "r/", timeout=5)
+        assert (rev, items) == (old + 1, {"r/a": b"1"})
+        await c.set("w/k", b"2")
+        rev, items = await c.watch_snapshot("w/", rev, "r/", timeout=5)
+        assert (rev, items) == (old + 3, {"r/a": b"2"})
+
+    run(etcd, body)
+
+
+def test_watch_snapshot_from_a_compacted_revision_reads_the_current_keys(
+    etcd: EtcdCluster,
+) -> None:
+    async def body(c: EtcdStoreClient) -> None:
+        old, current = await _five_writes_compacted(c)
+        rev, items = await c.watch_snapshot("p/", old, "p/", timeout=5)
+        assert rev >= current and items == {f"p/{i}": b"x" for i in range(5)}
+
+    run(etcd, body)
 
 
 # -- errors -------------------------------------------------------------------------

@@ -63,6 +63,23 @@ def _handlers(clock: Clock, store: Any, n: int, lo: int, hi: int) -> list[Dynami
     ]
 
 
+async def corrupt_join_error(
+    clock: Clock, hs: list[DynamicRendezvousHandler], node: int, value: bytes
+) -> str:
+    """The error a round of the two handlers ``hs`` raises when handler ``node`` joins
+    with the ``m/`` value ``value`` (the second arrival decides at once)."""
+    hs[node]._joiner_value = lambda n: value  # type: ignore[method-assign]
+    first = clock.spawn(hs[0].next_rendezvous_async())
+    await clock.sleep(1.0)
+    try:
+        await hs[1].next_rendezvous_async()
+    except RendezvousStateError as e:
+        return str(e)
+    finally:
+        first.cancel()
+    raise AssertionError("a corrupt joiner value was accepted")
+
+
 def _expected(infos: list[RendezvousInfo], member: dict[int, tuple[str, int]]) -> list[Any]:
     """What the store exchange would give each info's agent: assign_ranks over the round's
     members in rank order (``member``: rank -> (role, local world size))."""
@@ -156,20 +173,10 @@ def test_the_agent_tells_its_handler_its_role_and_local_world_size() -> None:
 )
 def test_a_corrupt_joiner_value_raises_naming_its_key(value: bytes, why: str) -> None:
     async def body(clock: Clock) -> str:
-        store = MemoryStore(clock)
-        hs = _handlers(clock, store, 2, 2, 2)
+        hs = _handlers(clock, MemoryStore(clock), 2, 2, 2)
         for h in hs:
             h.set_member_info("trainer", 8)
-        hs[1]._joiner_value = lambda n: value  # type: ignore[method-assign]
-        first = clock.spawn(hs[0].next_rendezvous_async())
-        await clock.sleep(1.0)
-        try:
-            await hs[1].next_rendezvous_async()  # the second arrival decides at once
-        except RendezvousStateError as e:
-            return str(e)
-        finally:
-            first.cancel()
-        raise AssertionError("a corrupt joiner value was accepted")
+        return await corrupt_join_error(clock, hs, 1, value)
 
     msg = run_in("sim", body)
     assert "elastic/rdzv/job/c/r0/m/node01" in msg and why in msg, msg
@@ -342,8 +349,8 @@ def test_member_info_told_again_is_kept_and_a_bad_one_is_still_refused() -> None
     h.set_member_info("trainer", 8)
     tail = h._member_tail
     h.set_member_info("trainer", 8)
-    assert h._member_tail is tail and h._joiner_value(3) == b'[3,"trainer",8]'
+    assert h._member_tail is tail and h._joiner_value(3) == b'[3,"trainer",8,29500,"h0"]'
     with pytest.raises(ValueError, match="local world size"):
         h.set_member_info("trainer", True)  # equal to 1, but no int
     h.set_member_info("ps", 2)
-    assert h._joiner_value(None) == b'[0,"ps",2]'
+    assert h._joiner_value(None) == b'[0,"ps",2,29500,"h0"]'

@@ -22,6 +22,8 @@ lease              ``LeaseGrant`` (whole seconds, at least etcd's minimum);
 snapshot           ``Range`` over the prefix with the header's revision
 watch              ``Watch`` from ``after + 1``; a compacted revision returns the
                    current revision (the caller re-reads with ``snapshot``)
+watch_snapshot     the ``Watch``, then a ``Range`` at the event's revision (two
+                   RPCs, one port operation; the current revision if compacted)
 =================  ==========================================================
 
 Every key is stored under ``prefix`` (default ``/elastic/``) so several jobs share a
@@ -152,6 +154,7 @@ class _Grpc:
         self.deadline = codes.DEADLINE_EXCEEDED
         self.cancelled = codes.CANCELLED
         self.not_found = codes.NOT_FOUND
+        self.out_of_range = codes.OUT_OF_RANGE  # a range at a compacted revision
 
 
 _GRPC: _Grpc | None = None
@@ -870,17 +873,51 @@ class EtcdStoreClient:
         sync loop (every 100 ms), so when the store has moved past ``after`` the
         replay gets up to :data:`REPLAY_GRACE` seconds before ``timeout`` counts.
         """
+        rev, _ = await self._wake(prefix, after, timeout)
+        return rev
+
+    async def _wake(self, prefix: str, after: int, timeout: float | None) -> tuple[int, Any]:
+        """The wait of :meth:`watch` and :meth:`watch_snapshot` (one operation):
+        (the first revision > ``after`` under ``prefix``, its event; None if compacted)."""
         self._check_open()
         self.stats.ops += 1
         p = self._k(prefix)
         if timeout is not None and await self.revision() > after:
             timeout = max(timeout, REPLAY_GRACE)
-        rev, _ = await self._in_time(
+        return await self._in_time(
             timeout,
             self._watch_first(p, _range_end(p), after + 1, lambda e: True),
             f"no change under {prefix!r} after revision {after} within {timeout}s",
         )
-        return rev
+
+    async def watch_snapshot(
+        self, prefix: str, after: int, read_prefix: str, timeout: float | None = None
+    ) -> tuple[int, dict[str, bytes]]:
+        """:meth:`watch`, then ``read_prefix`` as it was at the revision that woke it
+        (:class:`~elastic.store.WatchSnapshotStore`).
+
+        etcd's watch answers with the event, not a range, so this is two RPCs inside
+        the store (the watch, then a ``Range`` at the event's revision), one operation
+        to the caller.  If that revision was compacted in between (or the watch woke
+        because its start was), the range is read at the current revision instead,
+        which the port allows (the revision returned is at least the woken one).
+        """
+        rev, event = await self._wake(prefix, after, timeout)
+        q = self._k(read_prefix)
+        g = self._g
+        resp = None
+        if event is not None:
+            at = g.rpc.RangeRequest(key=q, range_end=_range_end(q), revision=rev)
+            resp = await self._unary(
+                f"range {q!r} at revision {rev}",
+                lambda ep, t: ep.kv.Range(at, timeout=t),
+                ok_codes=(g.out_of_range,),
+            )
+        if resp is None:
+            resp = await self._range(q, _range_end(q))
+            rev = int(resp.header.revision)
+        cut = len(self._prefix)
+        return rev, {bytes(kv.key)[cut:].decode(): bytes(kv.value) for kv in resp.kvs}
 
     async def revision(self) -> int:
         """The cluster's current revision."""

@@ -1,5 +1,8 @@
 """The network store: one agent hosts a :class:`StoreServer`, every agent talks to it
 through a :class:`NetStoreClient` (the Store port over TCP; torch's ``c10d`` backend).
+``watch_snapshot`` is one wire op, answered by the host at the wake with the read
+(:class:`~elastic.store.WatchSnapshotStore`; a host that predates it is detected at
+``hello`` and the client falls back to ``watch`` then ``snapshot``).
 
 Theory of operation
 -------------------
@@ -55,6 +58,7 @@ from elastic.errors import StoreClosedError, StoreError
 from elastic.memstore import MemoryStore
 from elastic.real.clock import AsyncioClock
 from elastic.real.netstore_protocol import (
+    FEATURES,
     MAX_FRAME,
     FrameDecoder,
     ProtocolError,
@@ -82,7 +86,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_PORT = 29400  # torch's c10d rendezvous backend's default
 _READ_CHUNK = 256 * 1024
 _PRE_AUTH_FRAME = 4096  # before authentication a frame can only be a small hello
-_BLOCKING = frozenset({"get", "wait", "multi_get", "watch"})
+_BLOCKING = frozenset({"get", "wait", "multi_get", "watch", "watch_snapshot"})
 
 
 class _ServerLease(Lease, Protocol):
@@ -435,6 +439,10 @@ class _ServerConn:
                 value = None
             elif req.op == "multi_get":
                 value = await store.multi_get(a[0], a[1])
+            elif req.op == "watch_snapshot":
+                # read at the wake, in the same step, and sent with the wake-up
+                rev, data = await store.watch_snapshot(a[0], a[1], a[2], a[3])
+                value = [rev, data]
             else:
                 value = await store.watch(a[0], a[1], a[2])
         except (StoreError, TimeoutError) as e:
@@ -502,6 +510,7 @@ class _ServerConn:
                 "idle_timeout": self.server.idle_timeout,
                 "revision": store.revision,
                 "max_frame": self.server.max_frame,
+                "ops": list(FEATURES),
             }
         raise ProtocolError(f"unknown operation {op!r}")  # pragma: no cover - OPS is closed
 
@@ -568,6 +577,7 @@ class _Link:
         self.instance = ""
         self.revision = 0
         self.max_frame = MAX_FRAME
+        self.ops: frozenset[str] = frozenset()  # the host's later ops (hello's "ops")
         self.tasks: list[asyncio.Task[None]] = []
         self.last_rx = 0.0
         self.timer: asyncio.TimerHandle | None = None
@@ -835,6 +845,7 @@ class NetStoreClient:
         link.instance = hello["instance"]
         link.max_frame = min(self.max_frame, int(hello.get("max_frame", self.max_frame)))
         link.revision = int(hello.get("revision", 0))
+        link.ops = frozenset(hello.get("ops", ()))
         idle = float(hello["idle_timeout"])
         if idle > 0 and idle / 4 < self.read_timeout / 3:
             link.tasks[1].cancel()
@@ -1055,6 +1066,34 @@ class NetStoreClient:
         except _NewInstance as e:
             # The store came back with fresh data: everything under the prefix changed.
             return e.revision
+
+    async def watch_snapshot(
+        self, prefix: str, after: int, read_prefix: str, timeout: float | None = None
+    ) -> tuple[int, dict[str, bytes]]:
+        """A watch answered, at its wake, with ``read_prefix``'s snapshot taken by the host
+        in the same step (one round trip; :class:`~elastic.store.WatchSnapshotStore`).
+
+        A host too old to have the op (its ``hello`` does not list it) gets ``watch``
+        then ``snapshot``: the same answer in two round trips.  After a reconnect to a
+        store with fresh data, the snapshot is read at once, as :meth:`watch` returns.
+        """
+        left = self._deadline(timeout)
+        link = await self._ensure_link(self.read_timeout)
+        if "watch_snapshot" not in link.ops:
+            await self.watch(prefix, after, timeout if timeout is None else left())
+            return await self.snapshot(read_prefix)
+        try:
+            return cast(
+                tuple[int, dict[str, bytes]],
+                await self._request(
+                    "watch_snapshot",
+                    lambda: (prefix, after, read_prefix, left()),
+                    retry=True,
+                    instance=link.instance,
+                ),
+            )
+        except _NewInstance:
+            return await self.snapshot(read_prefix)
 
 
 class _NewInstance(Exception):

@@ -14,7 +14,10 @@ A request is a msgpack array ``[id, op, *args]``; ``id`` is a non-negative integ
 client picks, unique among its outstanding requests, so one connection carries many
 requests at once and a blocking ``get`` or ``watch`` holds up nothing else.  A response is
 ``[id, 0, value]`` (success) or ``[id, 1, kind, message]`` (failure, ``kind`` one of
-:data:`ERROR_KINDS`).  ``cancel`` (the client gave up waiting) has no response.  An error
+:data:`ERROR_KINDS`).  The protocol has no version number: ops added later
+(:data:`FEATURES`) are listed by a host that has them in its ``hello`` reply (``"ops"``),
+so a client asks only a host that can answer, and an older client is unaffected.
+``cancel`` (the client gave up waiting) has no response.  An error
 that concerns the connection rather than one request (bad frame, failed authentication)
 is answered with id ``0`` and the server closes the connection.
 
@@ -42,6 +45,7 @@ from elastic.errors import StoreError
 
 __all__ = [
     "ERROR_KINDS",
+    "FEATURES",
     "MAX_FRAME",
     "MAX_KEY",
     "MAX_KEYS",
@@ -196,7 +200,16 @@ OPS: Final[dict[str, tuple[Check, ...]]] = {
     "revoke": (_lease_id,),
     "snapshot": (_key,),
     "watch": (_key, _revision, _opt_seconds),
+    # (prefix, after, read_prefix, timeout): a watch answered with read_prefix's snapshot
+    # at the wake; a host has it iff its hello lists it in "ops" (see FEATURES)
+    "watch_snapshot": (_key, _revision, _key, _opt_seconds),
 }
+
+#: the ops a host added after the first protocol, listed in its ``hello`` reply's
+#: ``"ops"``: a client sends one only to a host that lists it (an older host closes the
+#: connection on an op it does not know), and falls back otherwise; an older client
+#: ignores the list
+FEATURES: Final = ("watch_snapshot",)
 
 
 # -- framing ------------------------------------------------------------------------
@@ -340,9 +353,13 @@ def _r_hello(v: Any) -> dict[str, Any]:
         or type(v.get("revision", 0)) is not int
         or type(v.get("max_frame", MAX_FRAME)) is not int
         or v.get("max_frame", MAX_FRAME) < 64
+        or not isinstance(v.get("ops", []), list)
+        or len(v.get("ops", [])) > 64
+        or not all(isinstance(op, str) for op in v.get("ops", []))
     ):
         raise ProtocolError(
-            "expected {instance: str, idle_timeout: seconds, revision: int, max_frame: int}"
+            "expected {instance: str, idle_timeout: seconds, revision: int, max_frame: int, "
+            "ops: [str]}"
         )
     return v
 
@@ -364,6 +381,7 @@ RESULTS: Final[dict[str, Check]] = {
     "revoke": _r_none,
     "snapshot": _r_snapshot,
     "watch": _revision,
+    "watch_snapshot": _r_snapshot,
 }
 
 

@@ -27,6 +27,8 @@ Theory of operation
 * Deletions leave a tombstone (the last 1,024) so a watch sees them; a watch older than
   the oldest tombstone (``floor``) returns at once (a spurious wake-up is allowed by the
   port, a missed one is not).
+* ``watch_snapshot`` (:class:`~elastic.store.WatchSnapshotStore`) answers from the blob
+  read that saw the change: a wake and its read cost one ``get_state``, not two.
 
 Costs: each operation reads the whole blob (one ``get_state``), each mutation writes it
 (one ``set_state``): O(N) bytes for N nodes, as torch's.  This is why ``elastic run``
@@ -468,5 +470,24 @@ class BackendStore:
                 if rev > after and k.startswith(prefix):
                     return st.rev
             return None
+
+        return await self._until(changed, timeout, f"nothing under {prefix!r} changed")
+
+    async def watch_snapshot(
+        self, prefix: str, after: int, read_prefix: str, timeout: float | None = None
+    ) -> tuple[int, dict[str, bytes]]:
+        """:meth:`watch`, and ``read_prefix``'s snapshot from the very blob read that saw
+        the change (same revision, :class:`~elastic.store.WatchSnapshotStore`): no
+        second ``get_state``."""
+
+        def changed(st: _State) -> tuple[int, dict[str, bytes]] | None:
+            woke = (
+                after < st.floor
+                or any(mod > after and k.startswith(prefix) for k, (_, mod, _) in st.kv.items())
+                or any(rev > after and k.startswith(prefix) for k, rev in st.tomb.items())
+            )
+            if not woke:
+                return None
+            return st.rev, {k: v for k, (v, _, _) in st.kv.items() if k.startswith(read_prefix)}
 
         return await self._until(changed, timeout, f"nothing under {prefix!r} changed")

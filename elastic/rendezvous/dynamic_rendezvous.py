@@ -15,8 +15,16 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
   first and the ``m/`` value is ``n``, so an arrival past ``min_nodes`` can count the
   live joiners before it with one read).  A joiner whose agent gave its member info
   (:meth:`DynamicRendezvousHandler.set_member_info`) writes JSON ``[n, role,
-  local_world_size]`` instead (``n`` = 0 without a last call, where the key is written
-  before the count and nobody reads it), for the decider's rank blocks.
+  local_world_size, port, addr]`` instead (``n`` = 0 without a last call, where the key
+  is written before the count and nobody reads it), for the decider's rank blocks and
+  rank 0's address: ``addr`` is the node's address and ``port`` the master port it would
+  use if it were rank 0, by the rules rank 0 applied after the decision before
+  (``--master-port`` if given, else the port chooser's — real mode: a free port — else
+  :data:`DEFAULT_MASTER_PORT`), but chosen at the join: a free port may be taken in the
+  longer window between the join and the workers' start, as it could before between the
+  decision and the start.  The address is last: the decider parses the rest once for
+  all the values equal without it, and decodes rank 0's address only.  (``[n, role,
+  local_world_size]``, a joiner of another version's, is read too: no address.)
 * ``state/r<r>/lc`` — round ``r``'s last call, running: set by the arrival that brings
   the live joiners to ``min_nodes``, on a lease of ``last_call_timeout`` that nobody
   renews, so the deadline is the round's (torch's ``state.deadline``) and the store ends
@@ -48,25 +56,39 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
   its block: the
   agent starts its workers without torch's rank exchange (a ``set`` and a ``get`` per
   agent, an O(N) ``multi_get`` and ``multi_set`` on rank 0, and a task raced against
-  the member watch, at every restart).  One joiner without member info (another
-  version, a test driving the handler): no ``"ranks"``, every member exchanges.
+  the member watch, at every restart).  With ``"ranks"``, when rank 0's value carries
+  its address, the result also holds ``"master": [addr, port]`` (rank 0's only: O(1)),
+  and every member's :attr:`RendezvousInfo.bootstrap_store_info` is built from it, with
+  no store operation and no yield: nobody publishes MASTER_ADDR/MASTER_PORT in the
+  round's store then (nothing else reads them).  One joiner without member info (another
+  version, a test driving the handler): no ``"ranks"``, every member exchanges its
+  ranks; no ``"master"`` (that, or rank 0 of another version): rank 0 publishes its
+  address in the round's store and every member reads it back (below).
 * ``r<r>/ev/<node>`` (leased) — a late arrival on the wait list; ``x/r<r>/<node>``
   (leased) — on the redundancy list.
 * ``r<r>/m/`` itself (the members' prefix, no node: node ids are never empty) — the end
   marker: the round is over; its value is the state that ended it (the next round, or
-  closed).  ``r<r>/ev/`` holds a copy, written in the same ``multi_set``, so a member's
-  one read of ``r<r>/ev/`` after a wake finds both the wait list and the marker.
+  closed).  ``r<r>/ev/`` holds a copy, written in the same ``multi_set``, so the one
+  read of ``r<r>/ev/`` that answers a member's wake finds both the wait list and the
+  marker.
 
 Invariants (each O(1) per node per round; the decider's reads are O(N), once)
 ------------------------------------------------------------------------------
-* A round costs a member eight store round trips (~14 before): the state (a
-  ``compare_set`` that opens the next round, or is answered by the one who did), the
-  round's own keys ``state/r<r>/`` (O(1)),
-  ``set`` + ``add`` to join, one watch of the ``state`` prefix and one read of
-  ``state/r<r>/`` for the result, one watch of the round and one read when it wakes —
-  plus rank 0's address — and none for its ranks when the round carries them (two
-  more, and rank 0's O(N) pair, when the agent must exchange them).  The O(N) result
-  is read once, from ``state/r<r>/`` only.
+* A wake costs one round trip: every wait of a node is a watch answered, at its wake,
+  with the read that follows it (``watch_snapshot``,
+  :class:`~elastic.store.WatchSnapshotStore`: the store reads when the watch wakes and
+  sends the keys with the wake-up); a store without it gets a watch then a snapshot
+  (:func:`~elastic.store.watch_snapshot_op`, looked up once per handler), the same
+  answer in two round trips.
+* A round costs a member five store round trips (eight with a watch and a read per
+  wake and rank 0's address exchanged, ~14 before): the state (a ``compare_set`` that
+  opens the next round, or is answered by the one who did), the round's own keys
+  ``state/r<r>/`` (O(1)), ``set`` + ``add`` to join, one watch of the ``state`` prefix
+  answered with ``state/r<r>/`` (the result), one watch of the round answered with
+  ``r<r>/ev/`` when it wakes — and none for rank 0's address or its ranks when the
+  round carries them (one more for the address: rank 0's ``multi_set``, everyone's
+  ``multi_get``; two more for the ranks, and rank 0's O(N) pair, when the agent must
+  exchange them).  The O(N) result is read once, from ``state/r<r>/`` only.
 * A joiner waits on the ``state`` key's prefix (state, result, lc, dec): O(1) keys, and
   it changes O(1) times a round (the state moves on only once the round has a result,
   and the previous round's result goes only after this one's).  At the last call's end
@@ -94,15 +116,21 @@ runs both side by side — crashes anywhere, restarts, full rounds and spares, c
 and fails on any difference.
 
 A round may be decided with a member that has just died: its leased keys outlive it by
-the lease's time-to-live.  So while a member exchanges the round's master address (and
+the lease's time-to-live.  So while a member exchanges the round's master address (a
+round whose result does not carry it; and
 while an agent whose round carries no ranks exchanges them,
 :meth:`DynamicRendezvousHandler.watch_members_async`), it also watches the members as
 above: when a member's lease expires, the round ends
 (``peer_lost``) and the survivors join the next one, instead of waiting for the dead
-member's address until their join timeout.
+member's address until their join timeout.  A round whose result carries the ranks and
+rank 0's address exchanges nothing: its members start their workers at once, dead
+member or not (a dead rank 0 included), and learn of the death from the same member
+watch (:meth:`DynamicRendezvousHandler.watch_async`) once its lease expires, as of any
+death after the start (``scenarios/node_crash_while_round_forms.yaml``).
 
-Each round has its own store, ``elastic/rdzv/<run_id>/s/<r>/`` (a :class:`PrefixStore`),
-where rank 0 publishes MASTER_ADDR/MASTER_PORT.  Round ``r``'s keys (``r<r>/``,
+Each round has its own store, ``elastic/rdzv/<run_id>/s/<r>/`` (a :class:`PrefixStore`,
+the :attr:`RendezvousInfo.store`), where rank 0 publishes MASTER_ADDR/MASTER_PORT when
+the result does not carry them.  Round ``r``'s keys (``r<r>/``,
 ``x/r<r>/``, ``state/r<r>/``) and its store are deleted once nobody reads them — its
 result when round ``r + 1`` has one, the rest when round ``r + 2`` opens: the store
 does not grow with restarts.
@@ -157,7 +185,7 @@ from elastic.rendezvous.api import (
 )
 from elastic.rendezvous.assignment import AgentAssignment, rank_runs
 from elastic.rendezvous.prefix_store import PrefixStore
-from elastic.store import Lease, Store
+from elastic.store import Lease, Store, watch_snapshot_op
 
 if TYPE_CHECKING:
     from elastic.rendezvous.backend_store import RendezvousBackend, Token
@@ -342,20 +370,27 @@ class _Members(tuple[str, ...]):
     revision from which the members watch the round (``clean``; None: not recorded), and
     the members' rank blocks as runs (``runs``, the result's ``ranks``: see
     :func:`~elastic.rendezvous.assignment.rank_runs`; None: the round carries none, the
-    agents exchange them)."""
+    agents exchange them) and rank 0's address and master port (``master``, the
+    result's ``master``; None: the members exchange them through the round's store)."""
 
     rank: dict[str, int]
     clean: int | None
     runs: list[list[int]] | None
+    master: tuple[str, int] | None
     starts: list[int]  # the first member's rank of each run
 
     def __new__(
-        cls, ids: list[str], clean: int | None = None, runs: list[list[int]] | None = None
+        cls,
+        ids: list[str],
+        clean: int | None = None,
+        runs: list[list[int]] | None = None,
+        master: tuple[str, int] | None = None,
     ) -> _Members:
         self = super().__new__(cls, ids)
         self.rank = {m: i for i, m in enumerate(self)}
         self.clean = clean
         self.runs = runs
+        self.master = master
         self.starts = []
         first = 0
         for run in runs or ():
@@ -383,8 +418,8 @@ class _Members(tuple[str, ...]):
 # ~1 MiB at most, and past 8,192 joiners a round it only misses.
 @functools.lru_cache(maxsize=8192)
 def _index(raw: bytes) -> int:
-    """A joiner's arrival index (its ``m/`` value: ``n`` or ``[n,role,lws]``, whose
-    number is cut out without decoding the JSON); unreadable counts as first (the
+    """A joiner's arrival index (its ``m/`` value: ``n``, or ``[n,role,lws,port,addr]``
+    whose first number is cut out without decoding the JSON); unreadable counts as first (the
     decider, which reads the value in full, rejects it)."""
     if raw[:1] == b"[":
         raw = raw[1 : raw.find(b",")]
@@ -394,12 +429,29 @@ def _index(raw: bytes) -> int:
         return 0
 
 
-#: a joiner's ``m/`` value is tiny (an index, a role name, a count)
+#: a joiner's ``m/`` value is tiny (an index, a role name, a count, a port, an address)
 MAX_JOINER_BYTES = 1024
 
 
-def _parse_joiner(raw: bytes) -> tuple[str, int] | None:
-    """A joiner's role and local world size from its ``m/`` value, or ``None`` if it
+def _split_joiner(raw: bytes) -> tuple[bytes, bytes | None]:
+    """A joiner's ``m/`` value cut in two: ``[n,role,lws,port]`` (or ``[n,role,lws]``)
+    and its address's JSON string (``None`` if it has none: it ends with a number).
+
+    The address is last so that the rest is the same for most joiners of a round (the
+    decider parses it once, not once per member).  Inside a JSON string every quote is
+    escaped, so the last ``,"`` of the value opens the address."""
+    if raw[-2:] != b'"]':
+        return raw, None
+    cut = raw.rfind(b',"')
+    if cut < 0:
+        return raw, None
+    return raw[:cut] + b"]", raw[cut + 1 : -1]
+
+
+def _parse_joiner(raw: bytes, address: bool) -> tuple[str, int, int | None] | None:
+    """A joiner's role, local world size and master port from its ``m/`` value without
+    the address (:func:`_split_joiner`: ``[n,role,lws,port]`` if ``address``, else
+    ``[n,role,lws]``, a joiner of another version's: no port), or ``None`` if it
     published none (``b""`` or a bare arrival index: its agent gave no member info)."""
     if not raw or raw.isdigit():
         return None
@@ -411,19 +463,40 @@ def _parse_joiner(raw: bytes) -> tuple[str, int] | None:
         raise _Corrupt(f"not JSON ({raw[:40]!r})") from None
     if (
         not isinstance(obj, list)
-        or len(obj) != 3
+        or len(obj) != (4 if address else 3)
         or type(obj[0]) is not int
         or obj[0] < 0
         or not isinstance(obj[1], str)
         or not obj[1]
         or type(obj[2]) is not int
         or obj[2] <= 0
+        or (address and _bad_port(obj[3]))
     ):
         raise _Corrupt(
-            "expected [arrival index >= 0, role (non-empty string), local world size > 0], "
-            f"got {raw[:80]!r}"
+            "expected [arrival index >= 0, role (non-empty string), local world size > 0"
+            f"[, master port 0..65535, address (non-empty string)]], got {raw[:80]!r}"
         )
-    return obj[1], obj[2]
+    return obj[1], obj[2], obj[3] if address else None
+
+
+def _parse_address(raw: bytes) -> str:
+    """A joiner's address from its JSON string (:func:`_split_joiner`)."""
+    try:
+        addr = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        addr = None
+    if not isinstance(addr, str) or not addr:
+        raise _Corrupt(f"expected an address (non-empty string) last, got {raw[:80]!r}")
+    return addr
+
+
+def _bad_port(port: Any) -> bool:
+    return type(port) is not int or not 0 <= port <= 65535
+
+
+def _bad_master(addr: Any, port: Any) -> bool:
+    """Whether ``addr``/``port`` is no master address and port."""
+    return not isinstance(addr, str) or not addr or _bad_port(port)
 
 
 def _check_ranks(runs: Any, size: int) -> list[list[int]]:
@@ -483,7 +556,15 @@ def _parse_result(raw: bytes, max_nodes: int) -> _Members | None:
     runs = obj.get("ranks")
     if runs is not None:
         runs = _check_ranks(runs, len(members))
-    return _Members(members, clean, runs)
+    master = obj.get("master")
+    if master is not None:
+        if not isinstance(master, list) or len(master) != 2 or _bad_master(*master):
+            raise _Corrupt(
+                "field 'master' must be [address (non-empty string), port 0..65535], "
+                f"got {str(master)[:80]}"
+            )
+        master = (master[0], master[1])
+    return _Members(members, clean, runs, master)
 
 
 # Performance: every node reads the same few state values (the same bytes objects from
@@ -596,6 +677,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._settings = settings
         self._backend_name = backend_name
         self._store = store
+        # a wake and the read after it, in one round trip where the store can (else a
+        # watch then a snapshot): looked up once, here
+        self._watch_snapshot = watch_snapshot_op(store)
         self._clock = clock
         self._ttl = lease_ttl if lease_ttl is not None else settings.dead_after
         if self._ttl <= 0:
@@ -627,10 +711,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._member_state: bytes | None = None
         # the state this node's compare_set just ended a round with (used at once)
         self._known_state: bytes | None = None
-        # what follows the arrival index in this joiner's ``m/`` value: ``,role,lws]``
-        # (set_member_info); None: its value is the bare index, and no round it joins
-        # carries ranks
+        # what follows the arrival index in this joiner's ``m/`` value: ``,role,lws,``
+        # (set_member_info), then the port it would use as rank 0 and ``,addr]``;
+        # None: its value is the bare index, and no round it joins carries ranks or rank
+        # 0's address
         self._member_tail: bytes | None = None
+        self._addr_tail = ("," + json.dumps(node_addr) + "]").encode()
+        # the port and address part of the value when it is the same at every join:
+        # --master-port given, or no port chooser (None: the chooser picks one per join)
+        self._port_tail: bytes | None = (
+            str(master_port or DEFAULT_MASTER_PORT).encode() + self._addr_tail
+            if master_port or port_chooser is None
+            else None
+        )
         self._member_info: tuple[str, int] | None = None  # what _member_tail encodes
 
     @classmethod
@@ -765,9 +858,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
             raise ValueError(
                 f"The local world size ({local_world_size!r}) must be a positive integer."
             )
-        tail = "," + json.dumps([role, local_world_size], separators=(",", ":"))[1:]
-        if len(tail) + 20 > MAX_JOINER_BYTES:
-            raise ValueError(f"The role {role[:40]!r}... is too long for the rendezvous.")
+        # ``,"role",lws,`` (the port and address follow, see _joiner_value)
+        tail = "," + json.dumps([role, local_world_size], separators=(",", ":"))[1:-1] + ","
+        if len(tail) + len(self._addr_tail) + 30 > MAX_JOINER_BYTES:
+            raise ValueError(
+                f"The role {role[:40]!r} and address {self._addr[:40]!r} are too long for "
+                "the rendezvous."
+            )
         self._member_tail = tail.encode()
         self._member_info = (role, local_world_size)
 
@@ -884,18 +981,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
         one the decider recorded in the result, after which ``r<r>/`` changes only by a
         member's loss, a late arrival or the round's end), so a second call (after
         ``nodes_waiting``) misses no expiry, and the watch needs no read before it.  A
-        wake costs one read: ``r<r>/ev/`` holds the wait list and a copy of the end marker.
+        wake costs one round trip: the watch is answered with ``r<r>/ev/`` as it was at
+        the wake (``watch_snapshot``), the wait list and a copy of the end marker.
         """
-        store = self._store
         rk = self._keys(r)
         mkey, ev = rk.m, rk.ev
         prefix = rk.round if waiting_ends else mkey
         clean = self._clean[1] if self._clean[0] == r else None
         woke = False
+        keys: dict[str, bytes] | None = None
+        if clean is None:
+            # Take the revision first: any change after it wakes the watch below.
+            rev, keys = await self._store.snapshot(ev)
         while True:
-            if clean is None or woke:
-                # Take the revision first: any change after it wakes the watch below.
-                rev, keys = await store.snapshot(ev)
+            if keys is not None:
                 end = keys.get(ev)
                 waiting = waiting_ends and len(keys) > (end is not None)
                 if end is not None:
@@ -914,7 +1013,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     return "restarted"
                 clean = rev
                 self._clean = (r, rev)
-            await store.watch(prefix, clean)
+            assert clean is not None
+            # the wake and its read of r<r>/ev/ in one round trip (module doc)
+            rev, keys = await self._watch_snapshot(prefix, clean, ev, None)
             woke = True
 
     def _end_closed(self, r: int, raw: bytes) -> bool:
@@ -1031,7 +1132,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         one O(N) read per arrival past ``min_nodes`` when ``min_nodes < max_nodes``, to count the
         live joiners before it).
         """
-        clock, store, core = self._clock, self._store, self._core
+        clock, store, core, wsnap = self._clock, self._store, self._core, self._watch_snapshot
         keys = self._keys(r)
         mprefix = keys.m
         state_key, result_key = self._state_key, keys.result
@@ -1102,15 +1203,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 raise self._timeout_error(r, count - marked)
             if fresh:
                 rev, snap = await store.snapshot(round_prefix)
-                if snap == last:
-                    # Nothing of the round changed: the state did (the state moves on
-                    # only once the round has a result; a close writes one too — unless
-                    # its closer died in between), or a past round's key, or a timeout.
-                    st_raw = await store.try_get(state_key)
-                    if st_raw is not None:
-                        st = self._parse_state(st_raw)
-                        if st.closed or st.round != r:
-                            return None  # closed, or the round ended
+            if snap == last:
+                # Nothing of the round changed: the state did (the state moves on only
+                # once the round has a result; a close writes one too — unless its
+                # closer died in between), or a past round's key, or a timeout.
+                st_raw = await store.try_get(state_key)
+                if st_raw is not None:
+                    st = self._parse_state(st_raw)
+                    if st.closed or st.round != r:
+                        return None  # closed, or the round ended
             fresh = True
             last = snap
             raw = snap.get(result_key)
@@ -1131,8 +1232,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 # The one wait of most joiners: for the result, the last call's end or a
                 # claim's expiry (all under the state key's prefix).
                 until = deadline if my_call is None or passed else min(deadline, my_call)
-                with contextlib.suppress(TimeoutError):
-                    await store.watch(state_key, rev, max(0.0, until - clock.now()))
+                with contextlib.suppress(TimeoutError):  # a timeout: read afresh above
+                    # the wake and its read of the round's keys in one round trip
+                    rev, snap = await wsnap(
+                        state_key, rev, round_prefix, max(0.0, until - clock.now())
+                    )
+                    fresh = False
                 continue
             if not holder and not direct:
                 # one decider: the first live joiner to claim (the claim dies with it)
@@ -1147,8 +1252,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 previous = await self._previous_members(r)
             pending = await self._pending(r, ids, previous)
             chosen = choose_members(ids, previous, core, last_call_passed=passed, pending=pending)
-            # the members' rank blocks, from the values read with their keys (module doc)
-            ranks = None if chosen is None else self._rank_runs(mprefix, live, chosen)
+            # the members' rank blocks and rank 0's address, from the values read with
+            # their keys (module doc)
+            ranks, master = (
+                (None, None) if chosen is None else self._rank_runs(mprefix, live, chosen)
+            )
             del live  # Performance: no N-key dict kept alive across the waits below
             if chosen is not None:
                 # After the decision r<r>/m/ holds the members' keys only (module doc)
@@ -1165,6 +1273,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 }
                 if ranks is not None:
                     decided["ranks"] = ranks
+                    if master is not None:
+                        decided["master"] = master
                 mine = _dump(decided)
                 # First writer wins; a racing decider adopts the winner's result.
                 won = await store.compare_set(result_key, None, mine)
@@ -1184,38 +1294,63 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # alone waits for a joiner to arrive or die, a pending node to rejoin or
             # expire, a new last call to end, or the round to end.
             with contextlib.suppress(TimeoutError):  # the join timeout: the loop raises it
-                await store.watch(self._c, rev, max(0.0, deadline - clock.now()))
+                rev, snap = await wsnap(
+                    self._c, rev, round_prefix, max(0.0, deadline - clock.now())
+                )
+                fresh = False
 
     def _joiner_value(self, n: int | None) -> bytes:
         """This joiner's ``m/`` value: its arrival index ``n`` (``None``: not known
         when the key is written, without a last call), with its member info if it has
-        some: ``[n,role,lws]`` (n = 0 when unknown)."""
+        some: ``[n,role,lws,port,addr]`` (n = 0 when unknown), where ``port`` is the
+        master port it would use as rank 0, chosen now, at the join, by the rules rank 0
+        applied after the decision before (:meth:`_choose_port`)."""
         tail = self._member_tail
         if tail is None:
             return b"" if n is None else str(n).encode()
-        return b"[" + str(n or 0).encode() + tail
+        port = self._port_tail or str(self._choose_port()).encode() + self._addr_tail
+        return b"[" + str(n or 0).encode() + tail + port
+
+    def _choose_port(self) -> int:
+        """The master port this node uses as rank 0: ``--master-port`` if given, else
+        the port chooser's (real mode: a free port), else :data:`DEFAULT_MASTER_PORT`."""
+        return self._master_port or (
+            int(self._port_chooser()) if self._port_chooser else DEFAULT_MASTER_PORT
+        )
 
     def _rank_runs(
         self, mprefix: str, live: dict[str, bytes], chosen: tuple[str, ...] | list[str]
-    ) -> list[list[int]] | None:
+    ) -> tuple[list[list[int]] | None, list[Any] | None]:
         """The chosen members' rank blocks in rank order, from the joiners' ``m/`` values
-        (``live``), as runs (:func:`rank_runs`); ``None`` if one of them published no
-        member info."""
-        seen: dict[bytes, tuple[str, int] | None] = {}  # most values are equal: parse once
+        (``live``), as runs (:func:`rank_runs`), and rank 0's ``[address, port]``;
+        ``(None, None)`` if one of them published no member info, no address if rank 0
+        published none (a joiner of another version)."""
+        # Performance: without the address, most values are equal (n = 0 without a last
+        # call, the same port): parsed once; only rank 0's address is decoded (the
+        # others' are not used, and only checked to be there)
+        seen: dict[bytes, tuple[str, int, int | None] | None] = {}
         infos: list[tuple[str, int]] = []
+        master: list[Any] | None = None
         for node in chosen:
             raw = live[mprefix + node]
-            if raw in seen:
-                info = seen[raw]
-            else:
-                try:
-                    info = seen[raw] = _parse_joiner(raw)
-                except _Corrupt as e:
-                    raise _corrupt(mprefix + node, str(e)) from None
+            head, addr = _split_joiner(raw)
+            try:
+                if len(raw) > MAX_JOINER_BYTES:
+                    raise _Corrupt(f"{len(raw)} bytes exceeds the {MAX_JOINER_BYTES}-byte limit")
+                if head in seen:
+                    info = seen[head]
+                else:
+                    info = seen[head] = _parse_joiner(head, addr is not None)
+                if info is not None and addr is not None and not infos:
+                    master = [_parse_address(addr), info[2]]
+                elif addr is not None and len(addr) < 3:
+                    raise _Corrupt(f"expected an address (non-empty string) last, got {raw!r}")
+            except _Corrupt as e:
+                raise _corrupt(mprefix + node, str(e)) from None
             if info is None:
-                return None
-            infos.append(info)
-        return rank_runs(infos)
+                return None, None
+            infos.append((info[0], info[1]))
+        return rank_runs(infos), master
 
     async def _delete_all(self, keys: list[str]) -> None:
         """Delete ``keys`` at once: one round trip's time for all of them, not one each
@@ -1260,7 +1395,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
     async def _finish(
         self, r: int, members: _Members, deadline: float, raw_state: bytes
     ) -> RendezvousInfo | None:
-        """Exchange round ``r``'s master address; ``None`` if a member was lost meanwhile."""
+        """Round ``r``'s rendezvous info for this member: rank 0's address and master port
+        from the result when it carries them (no store operation), else exchanged
+        through the round's store; ``None`` if a member was lost meanwhile."""
         rank = members.rank[self._node]
         logger.info(
             "The node '%s' has joined round %s of the rendezvous '%s' as rank %s in a world "
@@ -1277,11 +1414,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._clean = (r, members.clean)
         keys = self._keys(r)
         store = PrefixStore(self._round_store, keys.store)
-        port = 0
-        if rank == 0:
-            port = self._master_port or (
-                int(self._port_chooser()) if self._port_chooser else DEFAULT_MASTER_PORT
+        master = members.master
+        if master is not None:
+            # the decider put rank 0's address and port (chosen at its join) in the result
+            self._drop_round_watch()
+            return RendezvousInfo(
+                store,
+                rank,
+                len(members),
+                RendezvousStoreInfo(master[0], master[1]),
+                round=r,
+                assignment=members.assignment(rank),
             )
+        port = self._choose_port() if rank == 0 else 0
         wait = max(deadline - self._clock.now(), self._ttl)
         clock = self._clock
         self._drop_round_watch()
@@ -1397,15 +1542,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
         key going (its lease expired): then this node ends the round itself
         (``_core``: a member's expiry opens the next round), since every member may be
         dead.  One read of ``r<r>/m/`` on arrival (a member may have died before it
-        came), then one watch of it: O(1) wake-ups per round.
+        came), then one watch of it, answered with the state: O(1) wake-ups per round.
         """
         clock, store = self._clock, self._store
         state_key, mkey = self._state_key, self._keys(r).m
         end = None if timeout is None else clock.now() + timeout
         clean: int | None = None
         woke = False
+        snap: dict[str, bytes] | None = None
         while True:
-            _, snap = await store.snapshot(state_key)
+            if snap is None:
+                _, snap = await store.snapshot(state_key)
             raw = snap.get(state_key)
             if raw is not None:
                 st = self._parse_state(raw)
@@ -1425,7 +1572,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             left = None if end is None else end - clock.now()
             if left is not None and left <= 0:
                 raise TimeoutError(f"{mkey} was not written within {timeout}s")
-            await store.watch(mkey, clean, left)
+            # the wake and its read of the state in one round trip
+            _, snap = await self._watch_snapshot(mkey, clean, state_key, left)
             woke = True
 
     async def _advance(self, raw_state: bytes, r: int) -> bytes:

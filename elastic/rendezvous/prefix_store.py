@@ -3,13 +3,15 @@
 Guarantees: every operation is forwarded to the underlying store with ``prefix`` put in
 front of each key, so two views with different prefixes never see each other's keys;
 ``snapshot`` returns keys without the prefix; leases are the underlying store's.
+``watch_snapshot`` is the underlying store's own where it has one (one round trip), else
+its ``watch`` then ``snapshot`` (:func:`~elastic.store.watch_snapshot_op`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from elastic.store import Lease, Store
+from elastic.store import Lease, Store, WatchSnapshot, watch_snapshot_op
 
 __all__ = ["PrefixStore"]
 
@@ -17,11 +19,12 @@ __all__ = ["PrefixStore"]
 class PrefixStore(Store):
     """``store`` with ``prefix`` in front of every key (torch's ``PrefixStore``)."""
 
-    __slots__ = ("prefix", "underlying")
+    __slots__ = ("_watch_snapshot", "prefix", "underlying")
 
     def __init__(self, store: Store, prefix: str) -> None:
         self.underlying = store
         self.prefix = prefix
+        self._watch_snapshot: WatchSnapshot | None = None  # looked up on first use
 
     @property
     def underlying_store(self) -> object:
@@ -74,3 +77,13 @@ class PrefixStore(Store):
 
     async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
         return await self.underlying.watch(self._k(prefix), after, timeout)
+
+    async def watch_snapshot(
+        self, prefix: str, after: int, read_prefix: str, timeout: float | None = None
+    ) -> tuple[int, dict[str, bytes]]:
+        op = self._watch_snapshot
+        if op is None:
+            op = self._watch_snapshot = watch_snapshot_op(self.underlying)
+        rev, items = await op(self._k(prefix), after, self._k(read_prefix), timeout)
+        n = len(self.prefix)
+        return rev, {k[n:]: v for k, v in items.items()}

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from elastic.clock import Cancelled, Clock
 from elastic.errors import StoreClosedError, StoreError
-from elastic.store import Store
+from elastic.store import Store, watch_snapshot_op
 
 __all__ = ["ALL_CHECKS", "Check", "StoreHarness", "check_store"]
 
@@ -348,6 +348,63 @@ async def check_watch_sees_deletes_and_times_out(clock: Clock, h: StoreHarness) 
     assert await store.watch("d/", rev, timeout=0) == rev + 1
 
 
+async def check_watch_snapshot_answers_as_a_watch_then_a_snapshot(
+    clock: Clock, h: StoreHarness
+) -> None:
+    """``watch_snapshot`` (the store's own, or watch then snapshot): the same wake as
+    ``watch``, and the read prefix's keys as ``snapshot`` gives them when nothing races."""
+    store, writer = await h.open(), await h.open()
+    op = watch_snapshot_op(store)
+    await writer.set("r/keep", b"0")
+    rev, _ = await store.snapshot("w/")
+
+    async def write() -> None:
+        await clock.sleep(h.unit)
+        await writer.set("r/other", b"x")  # read, not watched: no wake
+        await clock.sleep(h.unit)
+        await writer.set("w/k", b"1")
+
+    t0 = clock.now()
+    clock.spawn(write())
+    got_rev, got = await op("w/", rev, "r/", 40 * h.unit)
+    _assert_close(h, "watch_snapshot", clock.now() - t0, 2 * h.unit)
+    assert (got_rev, got) == await store.snapshot("r/"), (got_rev, got)
+    assert got == {"r/keep": b"0", "r/other": b"x"}, got
+    assert got_rev == rev + 2, (got_rev, rev)
+    # from a past revision it answers at once, with the keys as they are now
+    assert await op("w/", rev, "w/", 0) == (rev + 2, {"w/k": b"1"})
+    try:
+        await op("w/", got_rev, "r/", h.unit)
+    except TimeoutError:
+        pass
+    else:
+        raise AssertionError("a watch_snapshot with no change did not time out")
+
+
+async def check_watch_snapshot_reads_at_the_revision_it_returns(
+    clock: Clock, h: StoreHarness
+) -> None:
+    """The snapshot is the read prefix at the revision returned, which is at least the one
+    that woke it: a change made with the wake (one multi_set) is in it, and a watch from
+    the returned revision misses nothing made after the read."""
+    store, writer = await h.open(), await h.open()
+    op = watch_snapshot_op(store)
+    rev, _ = await store.snapshot("")
+
+    async def write() -> None:
+        await clock.sleep(h.unit)
+        await writer.multi_set({"w/k": b"1", "r/a": b"1"})  # one revision: wake and data
+
+    clock.spawn(write())
+    got_rev, got = await op("w/", rev, "r/", 40 * h.unit)
+    assert got_rev >= rev + 1 and got == {"r/a": b"1"}, (got_rev, got, rev)
+    await writer.multi_set({"w/k": b"2", "r/a": b"2"})
+    # the change after the returned revision wakes the next call at once, with it
+    again, now = await op("w/", got_rev, "r/", 40 * h.unit)
+    assert again > got_rev and now == {"r/a": b"2"}, (again, now, got_rev)
+    assert (again, now) == await store.snapshot("r/")
+
+
 async def check_a_cancelled_wait_leaves_the_store_working(clock: Clock, h: StoreHarness) -> None:
     store = await h.open()
 
@@ -393,6 +450,8 @@ ALL_CHECKS: tuple[Check, ...] = (
     check_watch_wakes_on_a_change_under_the_prefix_only,
     check_watch_from_a_past_revision_returns_at_once,
     check_watch_sees_deletes_and_times_out,
+    check_watch_snapshot_answers_as_a_watch_then_a_snapshot,
+    check_watch_snapshot_reads_at_the_revision_it_returns,
     check_a_cancelled_wait_leaves_the_store_working,
     check_a_closed_store_refuses_operations,
 )
