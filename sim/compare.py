@@ -31,8 +31,15 @@ from sim.scenario.reader import load_scenario
 __all__ = ["Comparison", "compare", "fault_recoveries", "main"]
 
 # fields that must be equal in both worlds, and fields shown for the record
-EXACT = ("state", "restarts", "membership_restarts", "rendezvous_rounds", "world_size")
-SHOWN = (*EXACT, "steps_done", "goodput", "hangs_detected", "final_nodes", "recovery_count")
+EXACT = (
+    "state",
+    "restarts",
+    "membership_restarts",
+    "rendezvous_rounds",
+    "world_size",
+    "hangs_detected",
+)
+SHOWN = (*EXACT, "steps_done", "goodput", "final_nodes", "recovery_count")
 
 
 def fault_recoveries(events: Sequence[AgentEvent]) -> list[dict[str, Any]]:

@@ -22,11 +22,12 @@ Two paths, chosen by the scenario's ``job:`` settings:
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from typing import Any
 
 from elastic.agent.server import WorkerGroup
-from elastic.events import AgentEvent, EventSink
+from elastic.events import AgentEvent, EventSink, kinds
 from elastic.timer.driver import ClockTimerClient, TimerDriver
 from sim.clock import SimClock
 from sim.scenario.model import Scenario
@@ -34,6 +35,9 @@ from sim.workers import SIGKILL_EXIT, SimWorker, Training, WState
 from sim.world import SimNode
 
 __all__ = ["health_watches_factory"]
+
+# the signal of the kill: expires()'s default, as a real request carries it (an int)
+_SIGKILL = int(signal.SIGKILL)
 
 
 class SimHangWatch:
@@ -93,21 +97,27 @@ def health_watches_factory(
                     return True
                 for w in group.workers.values():
                     if w.pid == worker_id and w.alive:
-                        events.emit(
-                            AgentEvent(
-                                t=clock.now(),
-                                node=node.id,
-                                kind="watchdog.kill_worker_process",
-                                rank=w.global_rank,
-                                fields={
-                                    "watchdog_event": "timer expired",
-                                    "scope_id": scope_id,
-                                    "expiration_time": expired_at,
-                                    "worker_pid": worker_id,
-                                    "signal": "SIGKILL",
-                                },
+                        # what real mode's timer server reports (FileTimerServer's
+                        # log_event, as LocalElasticAgent emits it): the expired timer,
+                        # then the kill, as agent.watchdog events of the node's role
+                        role = node.agent.get_worker_group().spec.role if node.agent else ""
+                        for name in ("timer expired", "kill worker process"):
+                            events.emit(
+                                AgentEvent(
+                                    clock.now(),
+                                    node.id,
+                                    kinds.AGENT_WATCHDOG,
+                                    role,
+                                    None,
+                                    {
+                                        "watchdog_event": name,
+                                        "worker_pid": worker_id,
+                                        "scope_id": scope_id,
+                                        "expiration_time": expired_at,
+                                        "signal": _SIGKILL,
+                                    },
+                                )
                             )
-                        )
                         group.kill_hung(w, SIGKILL_EXIT)
                 return True
 

@@ -56,7 +56,8 @@ _REACTIONS = frozenset(
         kinds.AGENT_UNHEALTHY,
         kinds.AGENT_RESTART,
         kinds.AGENT_GROUP_STOPPED,
-        "watchdog.kill_worker_process",
+        # a timer server's report; in a simulated run only a timer's expiry and its kill
+        kinds.AGENT_WATCHDOG,
     }
 )
 

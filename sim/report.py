@@ -254,7 +254,7 @@ class ReportSink:
             kinds.RENDEZVOUS: self._rendezvous,
             kinds.AGENT_GROUP_STARTED: self._group_started,
             kinds.AGENT_UNHEALTHY: self._hang,
-            "watchdog.kill_worker_process": self._hang,
+            kinds.AGENT_WATCHDOG: self._watchdog,
         }
         self._recovery_kinds = self.sim_rec.kinds | self.real_rec.kinds
         self._routes: dict[str, tuple[_Handler, ...]] = {}
@@ -403,6 +403,13 @@ class ReportSink:
 
     def _hang(self, t: float, node: Any, kind: str, rank: int | None, f: Mapping[str, Any]) -> None:
         self.hangs += 1
+
+    def _watchdog(
+        self, t: float, node: Any, kind: str, rank: int | None, f: Mapping[str, Any]
+    ) -> None:
+        # the timer server's reports (real and simulated alike): a kill is a hang detected
+        if f.get("watchdog_event") == "kill worker process":
+            self.hangs += 1
 
     def _recovery(
         self, t: float, node: Any, kind: str, rank: int | None, f: Mapping[str, Any]

@@ -210,7 +210,11 @@ def test_recovery_is_attributed_to_the_fault_that_broke_the_world() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("name", ["fidelity_worker_crash", "fidelity_graceful_leave"])
+# fidelity_hang_timer: the timer server's kill is one agent.watchdog event in both worlds
+# (hangs_detected is compared exactly)
+@pytest.mark.parametrize(
+    "name", ["fidelity_worker_crash", "fidelity_graceful_leave", "fidelity_hang_timer"]
+)
 def test_real_and_simulated_recovery_agree(
     name: str, tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
