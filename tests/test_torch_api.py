@@ -422,9 +422,14 @@ def _spec() -> Any:
     )
 
 
-def test_an_agent_overriding_torchs_synchronous_hooks_is_built_but_refused_when_run() -> None:
+def test_an_agent_overriding_torchs_synchronous_hooks_runs_under_torchs_driver() -> None:
+    """A subclass defining ``_monitor_workers`` (torch's abstract hook) gets torch's
+    synchronous driver (tests/test_torch_agent_hooks.py runs it); the event-driven entry
+    point refuses it, and a synchronous override of an async hook without it is refused,
+    each in one line naming the class."""
     import asyncio
 
+    from elastic.agent.server._torch_style import is_torch_style
     from elastic.agent.server.api import SimpleElasticAgent, WorkerGroup, WorkerState
 
     class Polling(SimpleElasticAgent):
@@ -435,13 +440,13 @@ def test_an_agent_overriding_torchs_synchronous_hooks_is_built_but_refused_when_
         def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:  # type: ignore[override]
             raise AssertionError
 
-    # torch's hooks are abstract there, so every torch-style subclass overrides them: it
-    # can still be built and its state read, as torch's own tests do
     polling = Polling(_spec())
+    assert is_torch_style(Polling) and not is_torch_style(SyncStart)
     assert polling.get_worker_group().state == WorkerState.INIT
     assert polling._remaining_restarts == 3
-    with pytest.raises(TypeError, match=r"Polling\._monitor_workers overrides torch's hook"):
-        polling.run()
+    with pytest.raises(TypeError, match=r"Polling is written against torch's synchronous") as e:
+        asyncio.run(polling.run_async())
+    assert "\n" not in str(e.value)
     with pytest.raises(TypeError, match=r"SyncStart\._start_workers is synchronous") as e:
         asyncio.run(SyncStart(_spec()).run_async())
     assert "async def _start_workers" in str(e.value) and "\n" not in str(e.value)

@@ -197,15 +197,32 @@ class SyncStore:
     values may be given as ``str`` or ``bytes`` and are returned as ``bytes``.
     ``port`` is the asynchronous store underneath, for code on the loop.  ``timeout``
     bounds ``get``/``wait``/``multi_get`` as a torch store's timeout does (torch's
-    default, 300 s; ``TimeoutError`` after it).
+    default, 300 s; ``TimeoutError`` after it); as on torch's store, ``timeout`` reads
+    as a ``timedelta`` and :meth:`set_timeout` changes it (``elastic.utils.store``'s
+    barrier does, as torch's).
     """
 
-    __slots__ = ("_run", "port", "timeout")
+    __slots__ = ("_run", "_timeout", "port")
 
     def __init__(self, port: Store, runner: SyncRunner, timeout: float | None = 300.0) -> None:
         self.port = port
         self._run = runner
-        self.timeout = timeout
+        self._timeout = timeout
+
+    @property
+    def timeout(self) -> timedelta:
+        """torch's ``Store.timeout`` (``timedelta.max`` when the store has none)."""
+        return timedelta.max if self._timeout is None else timedelta(seconds=self._timeout)
+
+    @timeout.setter
+    def timeout(self, timeout: timedelta | float) -> None:
+        self.set_timeout(timeout)
+
+    def set_timeout(self, timeout: timedelta | float) -> None:
+        """torch's ``Store.set_timeout``: the bound of later waits (seconds or a
+        ``timedelta``; assigning ``timeout`` does the same)."""
+        seconds = _seconds(timeout)
+        self._timeout = None if timeout == timedelta.max or seconds is None else seconds
 
     @property
     def underlying_store(self) -> Any:
@@ -220,7 +237,7 @@ class SyncStore:
         self._run(self.port.set(key, _as_bytes(value, "value")))
 
     def get(self, key: str) -> bytes:
-        value: bytes = self._run(self.port.get(key, self.timeout))
+        value: bytes = self._run(self.port.get(key, self._timeout))
         return value
 
     def add(self, key: str, value: int) -> int:
@@ -246,7 +263,7 @@ class SyncStore:
         return result
 
     def wait(self, keys: Sequence[str], timeout: timedelta | float | None = None) -> None:
-        seconds = self.timeout if timeout is None else _seconds(timeout)
+        seconds = self._timeout if timeout is None else _seconds(timeout)
         self._run(self.port.wait(list(keys), seconds))
 
     def check(self, keys: Sequence[str]) -> bool:
@@ -260,7 +277,7 @@ class SyncStore:
         return ok
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes]:
-        values: list[bytes] = self._run(self.port.multi_get(list(keys), self.timeout))
+        values: list[bytes] = self._run(self.port.multi_get(list(keys), self._timeout))
         return values
 
     def multi_set(self, keys: Sequence[str], values: Sequence[str | bytes]) -> None:

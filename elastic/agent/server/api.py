@@ -62,6 +62,7 @@ from elastic.events import (
     kinds,
     parts_sink,
 )
+from elastic.metrics.api import put_metric  # noqa: F401 (torch's name here: its tests patch it)
 from elastic.metrics.core import AgentMetrics, MetricHandler, NullMetricHandler
 from elastic.rendezvous.api import (
     RendezvousClosedError,
@@ -393,6 +394,13 @@ class SimpleElasticAgent(ElasticAgent):
     does) can be constructed, but :meth:`run` refuses it with a ``TypeError`` naming the
     hook, before anything starts (see :func:`torch_hook_refusal`).
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # a subclass written against torch's synchronous hooks gets torch's driver
+        from elastic.agent.server._torch_style import adopt
+
+        adopt(cls, SimpleElasticAgent)
 
     def __init__(
         self,
