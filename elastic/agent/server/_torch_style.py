@@ -39,6 +39,8 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from typing import TYPE_CHECKING, Any
 
+from elastic.events import kinds
+
 if TYPE_CHECKING:
     from elastic.agent.server.api import RunResult, Worker, WorkerGroup, WorkerSpec
     from elastic.events.api import Event, EventSource
@@ -196,7 +198,7 @@ class _TorchStyle:
     # -- the rendezvous ----------------------------------------------------------------
     def _rendezvous(self: Any, worker_group: WorkerGroup) -> None:
         spec = worker_group.spec
-        with self.record_duration("RENDEZVOUS"):
+        with self.record_duration(kinds.RENDEZVOUS):
             rdzv_info = spec.rdzv_handler.next_rendezvous()
         store = rdzv_info.store
         group_rank = rdzv_info.rank
@@ -205,7 +207,7 @@ class _TorchStyle:
         master_addr = spec.master_addr or rdzv_info.bootstrap_store_info.master_addr
         master_port = spec.master_port or rdzv_info.bootstrap_store_info.master_port
         self._store = store
-        with self.record_duration("ASSIGN_WORKER_RANKS"):
+        with self.record_duration(kinds.ASSIGN_WORKER_RANKS):
             workers = self._assign_worker_ranks(store, group_rank, group_world_size, spec)
         worker_group.workers = workers
         worker_group.store = store
@@ -434,7 +436,7 @@ class _TorchStyle:
             "agent_restarts": spec.max_restarts - self._remaining_restarts,
             "duration_ms": duration_ms,
         }
-        return Event(f"torchelastic.worker.status.{state}", source=source, metadata=metadata)
+        return Event(kinds.WORKER_STATUS + state, source=source, metadata=metadata)
 
     def get_event_failed(self: Any) -> Event:
         from elastic.events.api import EventSource
