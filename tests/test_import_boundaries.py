@@ -32,6 +32,9 @@ REAL_ADAPTERS = {
     "elastic/launcher/*",
     "elastic/agent/server/local_elastic_agent.py",
     "elastic/agent/server/health_check_server.py",
+    # torch's synchronous driver, for subclasses written for torch: polls their
+    # _monitor_workers on the wall clock, as torch's run() does
+    "elastic/agent/server/_torch_style.py",
     "elastic/multiprocessing/*",
     "elastic/multiprocessing/errors/*",
     "elastic/multiprocessing/subprocess_handler/*",  # torch's Popen wrapper for one worker
@@ -78,8 +81,14 @@ KNOWN_EDGES: dict[tuple[str, str], str] = {
     ),
     ("elastic/agent/server/api.py", "elastic/metrics/api.py"): (
         "the synchronous run() (torch's API, real mode) sends the agent's metrics to the "
-        "handlers set with metrics.configure(); imported inside run(), never by the async "
-        "agent, whose metrics go through its own AgentMetrics on its clock"
+        "handlers set with metrics.configure(), and torch's put_metric is a name of the "
+        "module (torch's tests patch it there); never called by the async agent, whose "
+        "metrics go through its own AgentMetrics on its clock"
+    ),
+    ("elastic/agent/server/api.py", "elastic/agent/server/_torch_style.py"): (
+        "torch's synchronous driver, given (in __init_subclass__) only to a subclass that "
+        "defines torch's _monitor_workers; no class of elastic's does, and the async "
+        "agent never runs it"
     ),
     ("elastic/timer/api.py", "elastic/timer/wallclock.py"): (
         "debt: torch's expires() runs in the worker process and reads the wall clock there; "
