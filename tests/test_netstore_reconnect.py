@@ -119,6 +119,45 @@ def test_a_store_restarted_with_fresh_data_ends_watches_and_leases() -> None:
     run(body)
 
 
+def test_a_lease_is_neither_renewed_nor_revoked_on_a_new_instance_at_its_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A renewal (or revoke) held over a restart goes only to the instance that granted the
+    lease: another host later on the same address never sees it, and the lease ends here."""
+    from elastic.real import netstore
+
+    seen: list[str] = []
+    decode = netstore.decode_request
+
+    def recording(body: bytes, *a: int) -> object:
+        req = decode(body, *a)
+        seen.append(req.op)
+        return req
+
+    async def body() -> None:
+        s1 = StoreServer("127.0.0.1", 0)
+        await s1.start()
+        port = s1.port
+        c = await connect(port)
+        lease = await c.grant_lease(0.6)  # renewed every 0.2 s
+        gone = await c.grant_lease(30.0)
+        await s1.aclose()
+        await asyncio.sleep(0.5)  # renewals pile up against the closed port
+        monkeypatch.setattr(netstore, "decode_request", recording)
+        s2 = StoreServer("127.0.0.1", port, hosted=HostedStore())  # a new instance
+        await s2.start()
+        await c.set("k", b"1")  # reconnects
+        await asyncio.sleep(0.6)
+        await gone.revoke()
+        assert not lease.alive() and not gone.alive()
+        assert "keepalive" not in seen and "revoke" not in seen, seen
+        assert "set" in seen
+        await c.aclose()
+        await s2.aclose()
+
+    run(body)
+
+
 def test_a_store_down_longer_than_read_timeout_is_a_clear_error_naming_it() -> None:
     async def body() -> None:
         s = StoreServer("127.0.0.1", 0)

@@ -701,7 +701,10 @@ class NetLease(Lease):
         self.state = "expired"
         self._stop_renewing()
         self._client._leases.pop(self.id, None)
-        await self._client._request("revoke", lambda: (self.id,), retry=True)
+        with contextlib.suppress(_NewInstance):  # a new instance never had it
+            await self._client._request(
+                "revoke", lambda: (self.id,), retry=True, instance=self.instance
+            )
 
     def _expired(self) -> None:
         self.state = "expired"
@@ -715,10 +718,15 @@ class NetLease(Lease):
 
     async def _renew_once(self) -> None:
         try:
-            await self._client._request("keepalive", lambda: (self.id,), retry=True)
+            # Only to the instance that granted it: a renewal resent after a reconnect to a
+            # new instance (a restarted host, or another host on the same address) would
+            # only be refused there, and is not that host's business.
+            await self._client._request(
+                "keepalive", lambda: (self.id,), retry=True, instance=self.instance
+            )
         except StoreClosedError:
             return
-        except _LeaseGone:
+        except (_LeaseGone, _NewInstance):
             self._expired()
             return
         except StoreError as e:  # unreachable for now: the next renewal tries again
