@@ -8,6 +8,8 @@
     │   └── EntrypointNotExecutableError (also a PermissionError) — not executable
     ├── StoreError                       — the store failed an operation
     │   ├── StoreClosedError             — the store was shut down
+    │   ├── StoreUnsupportedError        — an optional operation this store (a host of an
+    │   │                                  older version) lacks; the caller falls back
     │   └── real.netstore_protocol.ProtocolError — bytes that are not the network
     │                                      store's protocol (a peer's bug or an attack)
     ├── rendezvous.RendezvousError       — (elastic.rendezvous.api) torch's names:
@@ -39,6 +41,7 @@ __all__ = [
     "EntrypointNotFoundError",
     "StoreClosedError",
     "StoreError",
+    "StoreUnsupportedError",
     "one_line",
 ]
 
@@ -86,3 +89,8 @@ class StoreError(ElasticError):
 
 class StoreClosedError(StoreError):
     """The store was closed; start a new one or stop using it."""
+
+
+class StoreUnsupportedError(StoreError):
+    """The store lacks an optional operation (a network store host of an older version):
+    nothing was sent or changed; use the port's plain operations instead."""

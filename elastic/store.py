@@ -54,6 +54,31 @@ one operation to its caller), the polled backend's store (one read of its blob g
 both: :class:`~elastic.rendezvous.backend_store.BackendStore`); a
 :class:`~elastic.rendezvous.prefix_store.PrefixStore` forwards it.  The conformance
 suite checks the invariant on every store, through :func:`watch_snapshot_op`.
+
+An arrival in one operation: ``arrive``
+---------------------------------------
+Joining a rendezvous round is three steps: count the arrival (``add``), write the
+joiner's leased key (``set``), and learn how many live joiners came before.  Apart, the
+last step must read every joiner's key (a joiner before may have counted itself and not
+written yet), O(N) per arrival.  A store that can does all three as one operation, the
+optional ``arrive(counter, key, value, under, lease=)`` (:class:`ArriveStore`).  Its
+invariant:
+
+* one revision: the counter's new value ``n`` and ``key`` are written together, then the
+  keys under ``under`` are counted, with nothing in between; it returns ``(n, rev,
+  present, marked)``: ``rev`` the revision after it, ``present`` the keys under
+  ``under`` (``key`` among them if it is under it), ``marked`` whether ``under`` itself
+  is a key.  So when every arrival goes through it, ``present`` counts exactly the live
+  arrivals up to this one.
+
+Native: the in-memory store and the simulator's client (one simulated round trip), the
+network store (one wire op, not resent after a broken connection, as ``add``; a host too
+old to have it is refused locally with :class:`~elastic.errors.StoreUnsupportedError`
+and nothing is sent), etcd (one transaction fenced on the counter, as its ``add``), the
+polled backend's store (one fenced write of its blob).  :func:`arrive_op` finds it; a
+caller keeps its own protocol for a store without it — the steps cannot be emulated
+apart.  The conformance suite checks it, and its atomicity under racing clients, on
+every store that has it.
 """
 
 from __future__ import annotations
@@ -61,7 +86,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Lease", "Store", "WatchSnapshot", "WatchSnapshotStore", "watch_snapshot_op"]
+__all__ = [
+    "ArriveOp",
+    "ArriveStore",
+    "Lease",
+    "Store",
+    "WatchSnapshot",
+    "WatchSnapshotStore",
+    "arrive_op",
+    "watch_snapshot_op",
+]
 
 
 @runtime_checkable
@@ -172,3 +206,38 @@ def watch_snapshot_op(store: Store) -> WatchSnapshot:
         return await store.snapshot(read_prefix)
 
     return fallback
+
+
+class ArriveOp(Protocol):
+    """``arrive``'s signature (:class:`ArriveStore`)."""
+
+    def __call__(
+        self, counter: str, key: str, value: bytes, under: str, *, lease: Lease | None = None
+    ) -> Awaitable[tuple[int, int, int, bool]]: ...
+
+
+class ArriveStore(Store, Protocol):
+    """A store that counts, records and counts again an arrival in one operation."""
+
+    async def arrive(
+        self, counter: str, key: str, value: bytes, under: str, *, lease: Lease | None = None
+    ) -> tuple[int, int, int, bool]:
+        """Atomically (one revision): add 1 to the integer at ``counter``; set ``key``
+        to ``value`` (attached to ``lease``, as ``set(lease=)``); then count the keys
+        under ``under``.  Returns ``(n, rev, present, marked)``: the counter's new value,
+        the store's revision after the operation, how many keys are under ``under`` (with
+        ``key`` if it is one of them) and whether ``under`` itself is a key.
+
+        Nothing else happens between the three steps, so when every arrival goes through
+        it, the keys under ``under`` are exactly the live arrivals up to this one."""
+        ...
+
+
+def arrive_op(store: Store) -> ArriveOp | None:
+    """``store``'s ``arrive`` if it has one (look it up once per caller), else ``None``:
+    the steps apart are not atomic, so the caller keeps its own protocol for them."""
+    native = getattr(store, "arrive", None)
+    if callable(native):
+        op: ArriveOp = native
+        return op
+    return None

@@ -338,6 +338,14 @@ class SimStoreClient:
     def snapshot(self, prefix: str) -> Coroutine[Any, Any, tuple[int, dict[str, bytes]]]:
         return self._call_nowait(self.host.store.snapshot_nowait, prefix)
 
+    def arrive(
+        self, counter: str, key: str, value: bytes, under: str, *, lease: Lease | None = None
+    ) -> Coroutine[Any, Any, tuple[int, int, int, bool]]:
+        """The host store's arrival in one round trip (MemoryStore.arrive_nowait)."""
+        return self._call_nowait(
+            self.host.store.arrive_nowait, counter, key, value, under, _inner(lease)
+        )
+
     def count_prefix(self, prefix: str) -> Coroutine[Any, Any, tuple[int, int, bool]]:
         """The host store's key count under a prefix (see MemoryStore.count_prefix)."""
         return self._call_nowait(self.host.store.count_prefix_nowait, prefix)

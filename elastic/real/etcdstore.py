@@ -742,6 +742,75 @@ class EtcdStoreClient:
             await asyncio.sleep(random.uniform(0, min(0.25, 0.001 * 2**tries)))
             tries += 1
 
+    async def arrive(
+        self, counter: str, key: str, value: bytes, under: str, *, lease: Lease | None = None
+    ) -> tuple[int, int, int, bool]:
+        """An arrival as one transaction (:class:`~elastic.store.ArriveStore`): fenced on
+        the counter's mod revision as :meth:`add` is, it reads the keys under ``under``
+        and ``key`` itself before its two puts (so the counts do not depend on whether a
+        range in a transaction sees the transaction's own puts) and retries, with the
+        same back-off, when another arrival changed the counter first."""
+        self._check_open()
+        self.stats.ops += 1
+        lid = self._own(lease, key)
+        lock = self._add_locks.setdefault(counter, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._arrive(counter, key, bytes(value), under, lid, lease)
+        finally:
+            if not lock.locked() and self._add_locks.get(counter) is lock:
+                del self._add_locks[counter]
+
+    async def _arrive(
+        self, counter: str, key: str, value: bytes, under: str, lid: int, lease: Lease | None
+    ) -> tuple[int, int, int, bool]:
+        rpc = self._g.rpc
+        c, k, u = self._k(counter), self._k(key), self._k(under)
+
+        def count(key: bytes, range_end: bytes = b"") -> Any:
+            return rpc.RequestOp(
+                request_range=rpc.RangeRequest(key=key, range_end=range_end, count_only=True)
+            )
+
+        reads = [count(u, _range_end(u)), count(k), count(u)]
+        kvs = (await self._range(c)).kvs
+        tries = 0
+        while True:
+            cur = bytes(kvs[0].value) if kvs else None
+            try:
+                base = int(cur) if cur is not None else 0
+            except ValueError:
+                shown = (cur or b"")[:40]
+                raise StoreError(
+                    f"arrive: the counter {counter!r} holds {shown!r}, not an integer"
+                ) from None
+            cmp = rpc.Compare(
+                key=c,
+                target=rpc.Compare.MOD,
+                result=rpc.Compare.EQUAL,
+                mod_revision=int(kvs[0].mod_revision) if kvs else 0,
+            )
+            n = str(base + 1).encode()
+            try:
+                t = await self._txn(
+                    f"arrive {key!r}",
+                    [cmp],
+                    [*reads, self._put_op(c, n), self._put_op(k, value, lid)],
+                    [self._range_op(c)],
+                )
+            except StoreError as e:
+                raise self._lease_gone(e, lease, lid, key) from None
+            if t.succeeded:
+                self.stats.bytes_written += len(c) + len(n) + len(k) + len(value)
+                under_n, had_key, marked = (int(r.response_range.count) for r in t.responses[:3])
+                # the counts were read before the puts: add this key if it is new under u
+                present = under_n + (1 if k.startswith(u) and not had_key else 0)
+                return base + 1, int(t.header.revision), present, marked > 0
+            kvs = t.responses[0].response_range.kvs  # lost a race: the counter now
+            self.cas_retries += 1
+            await asyncio.sleep(random.uniform(0, min(0.25, 0.001 * 2**tries)))
+            tries += 1
+
     async def compare_set(
         self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
     ) -> bytes:

@@ -54,7 +54,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
-from elastic.errors import StoreClosedError, StoreError
+from elastic.errors import StoreClosedError, StoreError, StoreUnsupportedError
 from elastic.memstore import MemoryStore
 from elastic.real.clock import AsyncioClock
 from elastic.real.netstore_protocol import (
@@ -464,6 +464,9 @@ class _ServerConn:
             return await store.try_get(a[0])
         if op == "add":
             return await store.add(a[0], a[1])
+        if op == "arrive":
+            lease = None if a[4] is None else hosted.lease(a[4])
+            return list(await store.arrive(a[0], a[1], a[2], a[3], lease=lease))
         if op == "compare_set":
             lease = None if a[3] is None else hosted.lease(a[3])
             return await store.compare_set(a[0], a[1], a[2], lease=lease)
@@ -1017,6 +1020,28 @@ class NetStoreClient:
 
     async def add(self, key: str, amount: int) -> int:
         return cast(int, await self._request("add", lambda: (key, amount), retry=False))
+
+    async def arrive(
+        self, counter: str, key: str, value: bytes, under: str, *, lease: Lease | None = None
+    ) -> tuple[int, int, int, bool]:
+        """An arrival in one wire op (:class:`~elastic.store.ArriveStore`), not resent
+        after a broken connection (it adds, as :meth:`add`).  A host too old to have it
+        gets nothing: :class:`StoreUnsupportedError`, and the caller falls back."""
+        v = _bytes(key, value)
+        lid = self._lease_id(lease)
+        link = await self._ensure_link(self.read_timeout)
+        if "arrive" not in link.ops:
+            raise StoreUnsupportedError(
+                f"arrive: the store host at {self.address} predates it (it lists "
+                f"{sorted(link.ops)})"
+            )
+        return cast(
+            tuple[int, int, int, bool],
+            await self._leased(
+                lease,
+                self._request("arrive", lambda: (counter, key, v, under, lid), retry=False),
+            ),
+        )
 
     async def compare_set(
         self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None

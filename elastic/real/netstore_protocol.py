@@ -203,13 +203,16 @@ OPS: Final[dict[str, tuple[Check, ...]]] = {
     # (prefix, after, read_prefix, timeout): a watch answered with read_prefix's snapshot
     # at the wake; a host has it iff its hello lists it in "ops" (see FEATURES)
     "watch_snapshot": (_key, _revision, _key, _opt_seconds),
+    # (counter, key, value, under, lease id): add 1 to counter, set key, count the keys
+    # under ``under``, as one revision (elastic.store.ArriveStore); in FEATURES
+    "arrive": (_key, _key, _value, _key, _opt_lease_id),
 }
 
 #: the ops a host added after the first protocol, listed in its ``hello`` reply's
 #: ``"ops"``: a client sends one only to a host that lists it (an older host closes the
 #: connection on an op it does not know), and falls back otherwise; an older client
 #: ignores the list
-FEATURES: Final = ("watch_snapshot",)
+FEATURES: Final = ("watch_snapshot", "arrive")
 
 
 # -- framing ------------------------------------------------------------------------
@@ -345,6 +348,18 @@ def _r_snapshot(v: Any) -> tuple[int, dict[str, bytes]]:
     return _revision(v[0]), {_key(k): _value(x) for k, x in v[1].items()}
 
 
+def _r_arrival(v: Any) -> tuple[int, int, int, bool]:
+    if (
+        not isinstance(v, list)
+        or len(v) != 4
+        or type(v[2]) is not int
+        or not 0 <= v[2] <= _INT64[1]
+        or not isinstance(v[3], bool)
+    ):
+        raise ProtocolError("expected [counter, revision, count, marked]")
+    return _int64(v[0]), _revision(v[1]), v[2], v[3]
+
+
 def _r_hello(v: Any) -> dict[str, Any]:
     if (
         not isinstance(v, dict)
@@ -382,6 +397,7 @@ RESULTS: Final[dict[str, Check]] = {
     "snapshot": _r_snapshot,
     "watch": _revision,
     "watch_snapshot": _r_snapshot,
+    "arrive": _r_arrival,
 }
 
 

@@ -393,6 +393,27 @@ class BackendStore:
 
         return await self._mutate(add)
 
+    async def arrive(
+        self, counter: str, key: str, value: bytes, under: str, *, lease: Lease | None = None
+    ) -> tuple[int, int, int, bool]:
+        """An arrival in one fenced write of the blob (:class:`~elastic.store.ArriveStore`)."""
+        lid = self._own(lease)
+
+        def arrive(st: _State) -> tuple[int, int, bool]:
+            item = st.kv.get(counter)
+            try:
+                n = (int(item[0]) if item is not None else 0) + 1
+            except ValueError:
+                raise StoreError(f"add({counter!r}): the value is not an integer") from None
+            if lid and lid not in st.leases:
+                raise StoreError(f"set({key!r}): lease {lid} has expired")
+            st.put(counter, str(n).encode())
+            st.put(key, bytes(value), lid)
+            return n, sum(1 for k in st.kv if k.startswith(under)), under in st.kv
+
+        (n, present, marked), st = await self._apply(arrive)
+        return n, st.rev, present, marked
+
     async def compare_set(
         self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
     ) -> bytes:

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from elastic.clock import Cancelled, Clock
 from elastic.errors import StoreClosedError, StoreError
-from elastic.store import Store, watch_snapshot_op
+from elastic.store import Store, arrive_op, watch_snapshot_op
 
 __all__ = ["ALL_CHECKS", "Check", "StoreHarness", "check_store"]
 
@@ -405,6 +405,64 @@ async def check_watch_snapshot_reads_at_the_revision_it_returns(
     assert (again, now) == await store.snapshot("r/")
 
 
+async def check_arrive_adds_sets_and_counts_as_one_revision(clock: Clock, h: StoreHarness) -> None:
+    """``arrive`` (where the store has it, :class:`~elastic.store.ArriveStore`): the
+    counter's new value, the revision after the operation, the keys under the prefix
+    (the new one included, the prefix's own key counted and flagged) — one revision."""
+    store = await h.open()
+    op = arrive_op(store)
+    if op is None:
+        return  # an optional operation: a store without it keeps the port's promises
+    rev0, _ = await store.snapshot("")
+    n, rev, present, marked = await op("r/count", "r/m/a", b"A", "r/m/")
+    assert (n, present, marked) == (1, 1, False), (n, present, marked)
+    assert rev == rev0 + 1, f"arrive took {rev - rev0} revisions"
+    rev1, snap = await store.snapshot("r/")
+    assert rev1 == rev and snap == {"r/count": b"1", "r/m/a": b"A"}, (rev1, snap)
+    # the same key again counts again but is one key; the prefix's own key is flagged
+    await store.set("r/m/", b"end")
+    n, _, present, marked = await op("r/count", "r/m/a", b"A2", "r/m/")
+    assert (n, present, marked) == (2, 2, True), (n, present, marked)
+    assert await store.get("r/m/a") == b"A2"
+    lease = await store.grant_lease(60 * h.unit)
+    n, _, present, _ = await op("r/count", "r/m/b", b"B", "r/m/", lease=lease)
+    assert (n, present) == (3, 3), (n, present)
+    await lease.revoke()
+    assert await store.try_get("r/m/b") is None, "arrive did not attach the key to its lease"
+    n, _, present, _ = await op("r/count", "r/m/c", b"C", "r/m/")
+    assert (n, present) == (4, 3), (n, present)
+    await store.set("bad", b"x")
+    try:
+        await op("bad", "r/m/d", b"D", "r/m/")
+    except StoreError:
+        pass
+    else:
+        raise AssertionError("arrive on a non-integer counter did not raise StoreError")
+    assert await store.try_get("r/m/d") is None, "a refused arrive changed the store"
+
+
+async def check_arrive_is_atomic_under_concurrent_clients(clock: Clock, h: StoreHarness) -> None:
+    """Arrivals racing from many clients: each counter value is handed out once, and each
+    arrival counts exactly the keys of the arrivals up to its own (nothing in between)."""
+    stores = [await h.open() for _ in range(4)]
+    ops = [arrive_op(s) for s in stores]
+    if any(op is None for op in ops):
+        return
+    seen: list[tuple[int, int]] = []
+
+    async def arrival(i: int) -> None:
+        await clock.sleep(0)
+        op = ops[i % 4]
+        assert op is not None
+        n, _, present, _ = await op("c", f"m/{i:02d}", b"x", "m/")
+        seen.append((n, present))
+
+    tasks = [clock.spawn(arrival(i)) for i in range(12)]
+    for t in tasks:
+        await t.join()
+    assert sorted(seen) == [(i, i) for i in range(1, 13)], sorted(seen)
+
+
 async def check_a_cancelled_wait_leaves_the_store_working(clock: Clock, h: StoreHarness) -> None:
     store = await h.open()
 
@@ -452,6 +510,8 @@ ALL_CHECKS: tuple[Check, ...] = (
     check_watch_sees_deletes_and_times_out,
     check_watch_snapshot_answers_as_a_watch_then_a_snapshot,
     check_watch_snapshot_reads_at_the_revision_it_returns,
+    check_arrive_adds_sets_and_counts_as_one_revision,
+    check_arrive_is_atomic_under_concurrent_clients,
     check_a_cancelled_wait_leaves_the_store_working,
     check_a_closed_store_refuses_operations,
 )
