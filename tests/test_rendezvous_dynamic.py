@@ -22,6 +22,8 @@ from elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
 )
 from elastic.store import Lease
+from sim.clock import SimClock
+from sim.store import SimStoreHost
 from tests.worlds import run_in
 
 # Small timeouts so the real world stays fast; the sim runs them exactly.
@@ -402,6 +404,7 @@ def test_the_min_nodes_th_arrival_starts_the_last_call_before_the_others_keys_ar
         store = MemoryStore(clock)
         a, b = make(clock, store, ["a", "b"], 2, 3)
         a._store = _SlowJoinWrite(store, a, 0.05)  # type: ignore[assignment]
+        a._arrive = b._arrive = None  # the join's steps apart, as on a store without arrive
         t0 = clock.now()
         first = clock.spawn(a.next_rendezvous_async(), name="a")
         await clock.sleep(0.01)  # a has counted itself; its key is not written yet
@@ -413,6 +416,35 @@ def test_the_min_nodes_th_arrival_starts_the_last_call_before_the_others_keys_ar
     agree(infos, ["a", "b"])
     assert infos[0].round == 0
     assert took < LAST_CALL + 1.0, took  # the last call, not the 5 s join timeout
+
+
+@pytest.mark.parametrize("arrive", [True, False], ids=["arrive", "steps-apart"])
+def test_a_last_call_not_written_yet_is_not_taken_as_over(arrive: bool) -> None:
+    """Arrivals past min_nodes count the min_nodes live joiners before them while the
+    arrival that started the last call is still writing its key (a store with latency,
+    everyone joining in the same instant): they wait for it, and the round forms when the
+    last call ends with everyone in it, not at once with whoever had arrived."""
+
+    async def body(clock: Clock) -> tuple[list[RendezvousInfo], float]:
+        assert isinstance(clock, SimClock)
+        host = SimStoreHost(clock, latency=0.01)
+        settings = RendezvousSettings("job", 2, 6, RendezvousTimeout(5.0, LAST_CALL, 1.0))
+        hs = [
+            DynamicRendezvousHandler(
+                n, f"host-{n}", settings, "c10d", host.client(n), clock, lease_ttl=TTL
+            )
+            for n in "abcd"
+        ]
+        if not arrive:
+            for h in hs:
+                h._arrive = None
+        t0 = clock.now()
+        infos = await join_all(clock, hs)
+        return infos, clock.now() - t0
+
+    infos, took = run_in("sim", body)
+    agree(infos, list("abcd"))
+    assert LAST_CALL <= took < LAST_CALL + 0.2, took
 
 
 def test_stop_heartbeats_is_a_lease_no_longer_renewed(world: str) -> None:

@@ -77,6 +77,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from elastic.clock import Task
+from elastic.errors import StoreUnsupportedError
 from elastic.memstore import MemoryStore
 from elastic.rendezvous import (
     RendezvousClosedError,
@@ -383,3 +384,32 @@ ModelVsDriver.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_the_driver_decides_what_the_model_decides = ModelVsDriver.TestCase
+
+
+class _StoreWithoutArrive(MemoryStore):
+    """A store whose ``arrive`` is refused, as a network store host of an older version
+    refuses it: the handler joins with its steps apart (add, read, set) from then on."""
+
+    async def arrive(
+        self, counter: str, key: str, value: bytes, under: str, *, lease: Any = None
+    ) -> tuple[int, int, int, bool]:
+        raise StoreUnsupportedError("arrive: this store predates it")
+
+
+class ModelVsDriverStepsApart(ModelVsDriver):
+    """The same comparison where joining takes the port's plain operations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = _StoreWithoutArrive(self.clock)
+
+
+ModelVsDriverStepsApart.TestCase.settings = settings(
+    max_examples=150,
+    derandomize=True,
+    database=None,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_joining_with_the_steps_apart_decides_what_the_model_decides = ModelVsDriverStepsApart.TestCase

@@ -26,12 +26,13 @@ from elastic.rendezvous.dynamic_rendezvous import (
 from tests.worlds import run_in
 
 #: store operations per member per round: the state (one compare_set), the round's keys,
-#: set + add to join, one watch answered with the round's keys (watch_snapshot) for the
-#: result, rank 0's address (none when the result carries it: with member info); the
-#: previous round's member watch woke with its read (6.1 measured here without member
-#: info, 5.1 with; 8.1 with a watch and a read per wake, 14.1 before the round trips
-#: were cut, issue 16)
-PER_ROUND = 7
+#: one arrive to join (the count, the key and the count of joiners in one operation), one
+#: watch answered with the round's keys (watch_snapshot) for the result, rank 0's
+#: address (none when the result carries it: with member info); the previous round's
+#: member watch woke with its read (5.1 measured here without member info, 4.1 with; 6.1
+#: and 5.1 with a set and an add to join, 8.1 with a watch and a read per wake, 14.1
+#: before the round trips were cut, issue 16)
+PER_ROUND = 6
 
 
 class CountingStore(MemoryStore):
@@ -40,6 +41,13 @@ class CountingStore(MemoryStore):
     def __init__(self, clock: Clock) -> None:
         super().__init__(clock)
         self.ops: Counter[str] = Counter()
+        self.keys_read = 0  # keys returned by reads of a prefix (snapshots)
+
+    async def arrive(
+        self, counter: str, key: str, value: bytes, under: str, *, lease: Any = None
+    ) -> tuple[int, int, int, bool]:
+        self.ops["arrive"] += 1
+        return await super().arrive(counter, key, value, under, lease=lease)
 
     async def set(self, key: str, value: bytes, *, lease: Any = None) -> None:
         self.ops["set"] += 1
@@ -81,7 +89,9 @@ class CountingStore(MemoryStore):
 
     async def snapshot(self, prefix: str) -> tuple[int, dict[str, bytes]]:
         self.ops["snapshot"] += 1
-        return await super().snapshot(prefix)
+        rev, items = await super().snapshot(prefix)
+        self.keys_read += len(items)
+        return rev, items
 
     async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
         self.ops["watch"] += 1
@@ -91,7 +101,9 @@ class CountingStore(MemoryStore):
         self, prefix: str, after: int, read_prefix: str, timeout: float | None = None
     ) -> tuple[int, dict[str, bytes]]:
         self.ops["watch_snapshot"] += 1
-        return await super().watch_snapshot(prefix, after, read_prefix, timeout)
+        rev, items = await super().watch_snapshot(prefix, after, read_prefix, timeout)
+        self.keys_read += len(items)
+        return rev, items
 
 
 @pytest.mark.parametrize("member_info", [False, True])
@@ -144,3 +156,29 @@ def test_a_restarted_round_costs_each_member_a_bounded_number_of_store_operation
         # (the one multi_set left writes the end marker)
         assert ops["multi_get"] == 0 and ops["multi_set"] == ops["end_marker"], ops
         assert per_member <= PER_ROUND - 1, (per_member, ops)
+
+
+@pytest.mark.parametrize("n", [32, 128])
+def test_joiners_of_an_elastic_range_read_a_bounded_number_of_keys_each(n: int) -> None:
+    """With min_nodes < max_nodes every arrival past min_nodes learns how many live
+    joiners came before it: from its arrive's count, not by reading every joiner's key
+    (which made a round O(N^2) keys read).  The decider reads the joiners once: O(N) a
+    round, so a member's share stays bounded as N grows."""
+
+    async def body(clock: Clock) -> tuple[CountingStore, list[RendezvousInfo]]:
+        store = CountingStore(clock)
+        settings = RendezvousSettings("job", n // 2, n, RendezvousTimeout(60.0, 1.0, 1.0))
+        hs = [
+            DynamicRendezvousHandler(f"n{i:03d}", f"h{i}", settings, "c10d", store, clock)
+            for i in range(n)
+        ]
+        for h in hs:
+            h.set_member_info("trainer", 8)
+        tasks = [clock.spawn(h.next_rendezvous_async()) for h in hs]
+        return store, [await t.join() for t in tasks]
+
+    store, infos = run_in("sim", body)
+    assert sorted(i.rank for i in infos) == list(range(n))
+    assert store.ops["arrive"] == n, store.ops
+    per_member = store.keys_read / n
+    assert per_member <= 4, (per_member, store.keys_read, store.ops)

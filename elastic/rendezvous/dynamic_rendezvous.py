@@ -10,13 +10,21 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
   it, so that only that node's ``compare_set`` gets its own value back) or the
   rendezvous closes.  Never per heartbeat.
 * ``alive/<node>`` — attached to the node's lease: liveness without heartbeat writes.
-* ``r<r>/m/<node>`` (leased) and ``r<r>/count`` — joining round ``r`` is one ``set`` and
-  one ``add`` (the arrival index ``n``; with ``min_nodes < max_nodes`` the add comes
+* ``r<r>/m/<node>`` (leased) and ``r<r>/count`` — joining round ``r`` is one ``arrive``
+  where the store has it (:class:`~elastic.store.ArriveStore`: the ``add`` that gives
+  the arrival index ``n``, the leased ``set`` and a count of the keys under ``m/``, as
+  one operation — so every live key it counts is a joiner that came before, exactly,
+  whatever is in flight: an arrival past ``min_nodes`` learns how many live joiners
+  came before it in O(1), where reading every joiner's key made a round O(N^2) keys
+  read).  A store without it (a network store host of an older version) gets the steps
+  apart: one ``set`` and one ``add`` (with ``min_nodes < max_nodes`` the add comes
   first and the ``m/`` value is ``n``, so an arrival past ``min_nodes`` can count the
   live joiners before it with one read).  A joiner whose agent gave its member info
   (:meth:`DynamicRendezvousHandler.set_member_info`) writes JSON ``[n, role,
-  local_world_size, port, addr]`` instead (``n`` = 0 without a last call, where the key
-  is written before the count and nobody reads it), for the decider's rank blocks and
+  local_world_size, port, addr]`` instead (``n`` = 0 where nobody reads it: an
+  ``arrive``'s, or without a last call, where the key is written before the count;
+  a joiner of an older version reading it counts such a joiner as arrived first), for
+  the decider's rank blocks and
   rank 0's address: ``addr`` is the node's address and ``port`` the master port it would
   use if it were rank 0, by the rules rank 0 applied after the decision before
   (``--master-port`` if given, else the port chooser's — real mode: a free port — else
@@ -80,10 +88,11 @@ Invariants (each O(1) per node per round; the decider's reads are O(N), once)
   sends the keys with the wake-up); a store without it gets a watch then a snapshot
   (:func:`~elastic.store.watch_snapshot_op`, looked up once per handler), the same
   answer in two round trips.
-* A round costs a member five store round trips (eight with a watch and a read per
-  wake and rank 0's address exchanged, ~14 before): the state (a ``compare_set`` that
-  opens the next round, or is answered by the one who did), the round's own keys
-  ``state/r<r>/`` (O(1)), ``set`` + ``add`` to join, one watch of the ``state`` prefix
+* A round costs a member four store round trips (five with the join's steps apart,
+  eight with a watch and a read per wake and rank 0's address exchanged, ~14 before):
+  the state (a ``compare_set`` that opens the next round, or is answered by the one
+  who did), the round's own keys ``state/r<r>/`` (O(1)), one ``arrive`` to join (else
+  ``set`` + ``add``), one watch of the ``state`` prefix
   answered with ``state/r<r>/`` (the result), one watch of the round answered with
   ``r<r>/ev/`` when it wakes — and none for rank 0's address or its ranks when the
   round carries them (one more for the address: rank 0's ``multi_set``, everyone's
@@ -160,7 +169,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from elastic._records import Frozen, set_fields
 from elastic.clock import Clock, Task
-from elastic.errors import ConfigError
+from elastic.errors import ConfigError, StoreUnsupportedError
 from elastic.rendezvous._core import (
     CoreSettings,
     NodeStatus,
@@ -185,7 +194,7 @@ from elastic.rendezvous.api import (
 )
 from elastic.rendezvous.assignment import AgentAssignment, rank_runs
 from elastic.rendezvous.prefix_store import PrefixStore
-from elastic.store import Lease, Store, watch_snapshot_op
+from elastic.store import ArriveOp, Lease, Store, arrive_op, watch_snapshot_op
 
 if TYPE_CHECKING:
     from elastic.rendezvous.backend_store import RendezvousBackend, Token
@@ -680,6 +689,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # a wake and the read after it, in one round trip where the store can (else a
         # watch then a snapshot): looked up once, here
         self._watch_snapshot = watch_snapshot_op(store)
+        # a join in one operation where the store can (else add, read, set: module doc)
+        self._arrive: ArriveOp | None = arrive_op(store)
         self._clock = clock
         self._ttl = lease_ttl if lease_ttl is not None else settings.dead_after
         if self._ttl <= 0:
@@ -1128,9 +1139,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         seat for a pending node, or fewer than ``min_nodes`` live joiners when the last call ended)
         is held by the claim's holder alone, which watches the control prefix until it can; if the
         holder dies its claim expires with its lease and the next live joiner takes it over.  Cost:
-        O(1) store operations and wake-ups per joiner per round, one O(N) read by the decider (plus
-        one O(N) read per arrival past ``min_nodes`` when ``min_nodes < max_nodes``, to count the
-        live joiners before it).
+        O(1) store operations and wake-ups per joiner per round, one O(N) read by the decider (plus,
+        on a store without ``arrive``, one O(N) read per arrival past ``min_nodes`` when
+        ``min_nodes < max_nodes``, to count the live joiners before it).
         """
         clock, store, core, wsnap = self._clock, self._store, self._core, self._watch_snapshot
         keys = self._keys(r)
@@ -1138,12 +1149,47 @@ class DynamicRendezvousHandler(RendezvousHandler):
         state_key, result_key = self._state_key, keys.result
         lc_key, dec_key = keys.lc, keys.dec
         self._redundant = False  # a spare that joins a round is a joiner (torch)
-        seen = False  # a last call of this round was started (it runs, or it ended)
+        seen = False  # a last call of this round was seen running (or started here)
+        # An earlier arrival started a last call (min_nodes live joiners came before this
+        # one): until it is seen running it is taken as over only a last call's length
+        # from now.  Its key may still be on its way (the arrival that starts it writes it
+        # after its join), and a key not there yet is no last call ended.
+        told: float | None = None
         my_call: float | None = None  # the end of the last call this node started
         token = self._node.encode()
         # the arrival that brings the live joiners to max_nodes decides at once, once
         direct = False
-        if core.min_nodes < core.max_nodes:
+        arrival: tuple[int, int, int, bool] | None = None
+        if self._arrive is not None:
+            try:
+                arrival = await self._arrive(
+                    keys.count,
+                    mprefix + self._node,
+                    self._joiner_value(None),
+                    mprefix,
+                    lease=self._lease,
+                )
+            except StoreUnsupportedError:
+                self._arrive = None  # a store host without it: the steps apart from now on
+        if arrival is not None:
+            # Counted, written and the live joiners counted in one operation: every live
+            # key under m/ is a joiner that arrived before this one, or this one, so the
+            # count is exact (module doc, "Joining").
+            n, _, present, marked = arrival
+            before = present - marked - 1
+            if core.min_nodes < core.max_nodes:
+                if core.min_nodes <= n:
+                    if before >= core.min_nodes:
+                        told = clock.now() + core.last_call_timeout
+                    direct = n == core.max_nodes or before + 1 == core.max_nodes
+                    if before + 1 == core.min_nodes or n == core.min_nodes:
+                        my_call = await self._arm_last_call(r, token)
+                        seen = True
+            else:
+                direct = n == core.max_nodes or (
+                    n > core.max_nodes and before + 1 == core.max_nodes
+                )
+        elif core.min_nodes < core.max_nodes:
             n = await store.add(keys.count, 1)
             if core.min_nodes <= n:
                 # Does this arrival bring the live joiners to min_nodes?  Then it arms the
@@ -1158,7 +1204,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 if marker is not None and _index(marker) < n:
                     before -= 1
                 del live  # Performance: no N-key dict kept alive across the waits below
-                seen = before >= core.min_nodes
+                if before >= core.min_nodes:
+                    told = clock.now() + core.last_call_timeout
                 # (by index too: a joiner before it may not have written its key yet)
                 direct = n == core.max_nodes or before + 1 == core.max_nodes
                 # The min_nodes-th arrival always arms it: the joiners before it may not
@@ -1222,7 +1269,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
             seen = seen or running
             if my_call is not None and call not in (None, token):
                 my_call = None  # another arrival re-armed the last call: it is theirs now
-            passed = (seen and not running) or (my_call is not None and clock.now() >= my_call)
+            now = clock.now()
+            passed = (
+                (seen and not running)
+                or (my_call is not None and now >= my_call)
+                or (told is not None and not seen and now >= told)
+            )
             claim = snap.get(dec_key)
             holder = claim == token
             if claim is not None and not holder:
@@ -1232,6 +1284,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 # The one wait of most joiners: for the result, the last call's end or a
                 # claim's expiry (all under the state key's prefix).
                 until = deadline if my_call is None or passed else min(deadline, my_call)
+                if told is not None and not seen and not passed:
+                    until = min(until, told)
                 with contextlib.suppress(TimeoutError):  # a timeout: read afresh above
                     # the wake and its read of the round's keys in one round trip
                     rev, snap = await wsnap(
