@@ -88,21 +88,22 @@ def one(n: int, exchange: bool = False) -> dict[str, float]:
         "events": events,
         "ops": stats.ops,
         "bytes": stats.bytes_written,
+        "keys_read": stats.keys_read,
     }
 
 
 def table(rows: list[dict[str, float]]) -> str:
     out = [
         "| N | wall s | all ranked at (sim s) | sim events | events/node | store ops | ops/node "
-        "| bytes written | bytes/node |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| bytes written | bytes/node | keys read/node |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         n = r["n"]
         out.append(
             f"| {n:.0f} | {r['wall']:.2f} | {r['sim_end']:.3f} | {r['events']:.0f} "
             f"| {r['events'] / n:.1f} | {r['ops']:.0f} | {r['ops'] / n:.1f} "
-            f"| {r['bytes']:.0f} | {r['bytes'] / n:.1f} |"
+            f"| {r['bytes']:.0f} | {r['bytes'] / n:.1f} | {r['keys_read'] / n:.1f} |"
         )
     return "\n".join(out)
 
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 else "from the round's result"
             )
             + ".  `bytes written` counts key + "
-            "value of every write, including each round's MASTER_ADDR/PORT.\n\n"
+            "value of every write, including each round's MASTER_ADDR/PORT; `keys read` the "
+            "keys returned by reads of a prefix (snapshots, a wake's read).\n\n"
             f"{text}\n"
         )
     return 0
