@@ -2,8 +2,9 @@
 
 :mod:`elastic.testing.store` holds the checks; this module runs each of them against
 each store: the in-memory store on asyncio and on simpy, the simulator's per-node client
-(through its store host), and the network client against a real server on loopback,
-with and without a token.  A new store implementation adds a harness here.
+(through its store host), the network client against a real server on loopback, with
+and without a token, and the store over torch's one-blob backend contract on both.  A
+new store implementation adds a harness here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from elastic.clock import Clock
 from elastic.memstore import MemoryStore
 from elastic.real.clock import AsyncioClock
 from elastic.real.netstore import NetStoreClient, StoreServer
+from elastic.rendezvous.backend_store import BackendStore
 from elastic.store import Store
 from elastic.testing.store import ALL_CHECKS, Check, StoreHarness, check_store
 from sim.clock import SimClock
@@ -98,7 +100,45 @@ class NetHarness:
         await self.server.aclose()
 
 
-BACKENDS = ("memory-real", "memory-sim", "simclient-sim", "net", "net-token")
+class BackendHarness:
+    """:class:`BackendStore` (the store port over torch's one-blob backend contract, as
+    ``DynamicRendezvousHandler.from_backend`` builds it) over a user's in-memory backend;
+    each open() is another node's store on the same blob."""
+
+    def __init__(self, clock: Clock, exact: bool) -> None:
+        from tests.test_rendezvous_backend import DictBackend
+
+        self.clock = clock
+        self.backend = DictBackend()
+        self.unit = 0.05
+        # a backend has no watch: waits poll the blob, so a wake-up is up to a poll late
+        self.poll = 0.005
+        self.slack = 2 * self.poll if exact else 0.05 + self.poll
+        self.stores: list[BackendStore] = []
+
+    async def open(self) -> Store:
+        store = BackendStore(self.backend, self.clock, poll_interval=self.poll)
+        self.stores.append(store)
+        return store
+
+    async def close(self, store: Store) -> None:
+        assert isinstance(store, BackendStore)
+        store.close()
+
+    async def teardown(self) -> None:
+        for store in self.stores:
+            store.close()
+
+
+BACKENDS = (
+    "memory-real",
+    "memory-sim",
+    "simclient-sim",
+    "net",
+    "net-token",
+    "backend-real",
+    "backend-sim",
+)
 
 
 async def _harness(backend: str, clock: Clock) -> StoreHarness:
@@ -106,6 +146,8 @@ async def _harness(backend: str, clock: Clock) -> StoreHarness:
         return MemoryHarness(clock, exact=False)
     if backend == "memory-sim":
         return MemoryHarness(clock, exact=True)
+    if backend.startswith("backend-"):
+        return BackendHarness(clock, exact=backend == "backend-sim")
     if backend == "simclient-sim":
         assert isinstance(clock, SimClock)
         return SimClientHarness(clock)

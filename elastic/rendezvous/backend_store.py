@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from elastic.clock import Cancelled, Clock, Task
-from elastic.errors import StoreError
+from elastic.errors import StoreClosedError, StoreError
 from elastic.rendezvous.api import RendezvousStateError, SyncRunner
 from elastic.store import Lease
 
@@ -225,35 +226,53 @@ class _BackendLease(Lease):
         self._renewer: Task[None] | None = store._clock.spawn(
             self._renew(), name=f"lease-{lease_id}-renewal"
         )
+        self._last: Task[None] | None = None
+        self._dies_at: float | None = None  # abandoned: when it expires
 
     def alive(self) -> bool:
+        if self._dies_at is not None and self._store._clock.now() >= self._dies_at:
+            self._lost = True  # nobody renews it: the others expire it at that time
         return not self._lost
 
     def abandon(self) -> None:
+        self._stop()
+        if self._dies_at is None:
+            self._dies_at = self._store._clock.now() + self.ttl
+        if not self._lost and not self._store._closed:
+            # One last renewal, so the lease expires ttl from now, as the port promises
+            # (its last beat may be up to ttl/3 old); referenced until it has run.
+            self._last = self._store._clock.spawn(
+                self._renew_once(), name=f"lease-{self.id}-last-renewal"
+            )
+
+    def _stop(self) -> None:
         if self._renewer is not None:
             self._renewer.cancel()
             self._renewer = None
 
     async def revoke(self) -> None:
-        self.abandon()
+        self._stop()
         self._lost = True
         await self._store._mutate(lambda st: st.expire(self.id))
 
+    def _beat(self, st: _State) -> bool:
+        if self.id not in st.leases:
+            return False
+        ttl, _ = st.leases[self.id]
+        st.leases[self.id] = (ttl, self._store._clock.now() + ttl)
+        st.dirty = True
+        return True
+
+    async def _renew_once(self) -> None:
+        with contextlib.suppress(StoreError):  # closed, or the backend failed: no beat
+            if not await self._store._mutate(self._beat):
+                self._lost = True
+
     async def _renew(self) -> None:
-        lid = self.id
-
-        def beat(st: _State) -> bool:
-            if lid not in st.leases:
-                return False
-            ttl, _ = st.leases[lid]
-            st.leases[lid] = (ttl, self._store._clock.now() + ttl)
-            st.dirty = True
-            return True
-
         try:
             while True:
                 await self._store._clock.sleep(self.ttl / 3)
-                if not await self._store._mutate(beat):
+                if not await self._store._mutate(self._beat):
                     self._lost = True  # expired by the others: the owner must re-join
                     return
         except Cancelled:
@@ -272,6 +291,7 @@ class BackendStore:
         self._clock = clock
         self._poll = poll_interval
         self._mine: dict[int, _BackendLease] = {}
+        self._closed = False
         # our last write whose set_state() returned None (no verdict): torch's state
         # holder then adopts the state it wrote, unconfirmed, with no token; it stays our
         # view for as long as the backend reports no state (get_state() None)
@@ -280,6 +300,23 @@ class BackendStore:
     @property
     def backend(self) -> RendezvousBackend:
         return self._backend
+
+    def close(self) -> None:
+        """This node stops using the backend: its leases are no longer renewed (they
+        expire ``ttl`` later, as a dead owner's), and every later operation, a wait in
+        progress included, raises :class:`StoreClosedError`.  The blob is shared: it
+        stays as it is for the other nodes."""
+        self._closed = True
+        for lease in list(self._mine.values()):
+            lease._stop()
+            if lease._dies_at is None:  # its last beat's ttl: at most this far away
+                lease._dies_at = self._clock.now() + lease.ttl
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(
+                f"this store over the {self._backend.name} backend is closed; create a new one"
+            )
 
     # -- the blob ----------------------------------------------------------------------
     def _decode(self, got: tuple[bytes, Token] | None) -> tuple[_State, Token | None]:
@@ -308,6 +345,7 @@ class BackendStore:
         return result
 
     async def _apply(self, change: Callable[[_State], T]) -> tuple[T, _State]:
+        self._check_open()
         got = await self._backend.get_state_async()
         while True:
             st, token = self._decode(got)
@@ -351,6 +389,7 @@ class BackendStore:
             if left is not None and left <= 0:
                 raise TimeoutError(f"{what} within {timeout}s")
             await self._clock.sleep(self._poll if left is None else min(self._poll, left))
+            self._check_open()
 
     # -- the port ----------------------------------------------------------------------
     async def set(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
@@ -461,8 +500,8 @@ class BackendStore:
         await self._mutate(put)
 
     async def grant_lease(self, ttl: float) -> Lease:
-        if ttl <= 0:
-            raise ValueError(f"The lease time-to-live ({ttl}) must be positive.")
+        if not ttl > 0:
+            raise StoreError(f"lease ttl must be positive, got {ttl!r}")
 
         def grant(st: _State) -> int:
             lid = st.next_lease
@@ -483,14 +522,22 @@ class BackendStore:
     async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
         def changed(st: _State) -> int | None:
             if after < st.floor:
-                return st.rev
-            for k, (_, mod, _) in st.kv.items():
-                if mod > after and k.startswith(prefix):
-                    return st.rev
-            for k, rev in st.tomb.items():
-                if rev > after and k.startswith(prefix):
-                    return st.rev
-            return None
+                return st.rev  # older than the tombstones kept: as a compacted history
+            # the blob keeps each key's last change: the earliest of those after
+            # ``after`` under the prefix is the first change (or, where a key changed
+            # twice since, a later one: as a compacted history, nothing is missed)
+            first = min(
+                (
+                    *(
+                        mod
+                        for k, (_, mod, _) in st.kv.items()
+                        if mod > after and k.startswith(prefix)
+                    ),
+                    *(rev for k, rev in st.tomb.items() if rev > after and k.startswith(prefix)),
+                ),
+                default=None,
+            )
+            return first
 
         return await self._until(changed, timeout, f"nothing under {prefix!r} changed")
 
