@@ -50,14 +50,10 @@ def _site(frame: FrameType | None) -> str:
     return (f"[{via}] " if via else "") + " <- ".join(parts)
 
 
-def _coro_name(proc: Any) -> str:
-    """The coroutine a SimClock task runs (its driver's ``coro``), else the generator."""
-    gen = proc._generator
-    frame = getattr(gen, "cr_frame", None) or getattr(gen, "gi_frame", None)
-    inner = frame.f_locals.get("coro") if frame is not None else None
-    if inner is not None:
-        return str(getattr(inner, "__qualname__", inner))
-    return str(getattr(gen, "__qualname__", gen))
+def _task_name(task: Any) -> str:
+    """What a SimClock task (sim.clock._Task, scheduled as its own event when it ends)
+    was spawned as: its name, else its coroutine's qualified name."""
+    return str(getattr(task, "name", "") or getattr(task, "_coro", None) or "?")
 
 
 def main() -> None:
@@ -83,14 +79,21 @@ def main() -> None:
         site = _site(sys._getframe(1))
         if site.endswith("sim/run.py:simulate") and "<-" not in site:
             site = ""  # fired inside simpy's loop: name it by what it is
-        if isinstance(event, simpy.events.Process) and not site:
-            site = "process end: " + _coro_name(event)
+        if isinstance(event, sim.clock._Task) and not site:
+            site = "task end: " + _task_name(event)
         elif isinstance(event, simpy.events.Condition) and not site:
             site = "fired; made at " + made.get(id(event), "?")
         elif not site:
             site = "(simpy internal)"
         counts[(kind, site)] += 1
-        if (self.now + delay, priority) not in self._open:
+        # a new queue entry unless its (time, priority) has one open (sim/clock.py _Env)
+        if priority == sim.clock.NORMAL:
+            opened = self.now + delay not in self._open_normal
+        elif priority == sim.clock.URGENT and not delay:
+            opened = self._urgent_open is None
+        else:
+            opened = (self.now + delay, priority) not in self._open
+        if opened:
             entries[(kind, site)] += 1
         orig(self, event, priority, delay)
 
