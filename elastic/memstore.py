@@ -311,16 +311,19 @@ class MemoryStore:
         if self._closed:  # Performance: no method call while open (every operation)
             self._check_open()
         self.stats.ops += 1
-        cur = self._data.get(key)
-        try:
-            base = int(cur) if cur is not None else 0
-        except ValueError:
-            shown = (cur or b"")[:40]
-            raise StoreError(f"add({key!r}): the value {shown!r} is not an integer") from None
-        new = base + amount
+        new = self._int_at(key) + amount
         self._put(key, str(new).encode(), None)
         self._mutated((key,))
         return new
+
+    def _int_at(self, key: str) -> int:
+        """The integer at ``key`` (absent: 0), as ``add`` reads it."""
+        cur = self._data.get(key)
+        try:
+            return int(cur) if cur is not None else 0
+        except ValueError:
+            shown = (cur or b"")[:40]
+            raise StoreError(f"add({key!r}): the value {shown!r} is not an integer") from None
 
     async def compare_set(
         self, key: str, expected: bytes | None, desired: bytes, *, lease: Lease | None = None
@@ -426,12 +429,7 @@ class MemoryStore:
         owner = self._own(lease)
         if owner is not None and not owner.alive():
             raise StoreError(f"lease {owner.id} has expired; cannot attach {key!r} to it")
-        cur = self._data.get(counter)
-        try:
-            base = int(cur) if cur is not None else 0
-        except ValueError:
-            shown = (cur or b"")[:40]
-            raise StoreError(f"add({counter!r}): the value {shown!r} is not an integer") from None
+        base = self._int_at(counter)
         self._put(key, value, owner)
         self._put(counter, str(base + 1).encode(), None)
         self._mutated((counter, key))

@@ -77,11 +77,8 @@ def test_the_atomicity_check_fails_an_arrive_made_of_separate_steps() -> None:
     assert "arrive_is_atomic" in run_in("sim", body)
 
 
-def _old_host(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """A host of the version before ``arrive``: it neither lists nor decodes it (an
-    unknown op closes the connection); returns the ops it decodes."""
-    monkeypatch.setattr(netstore, "FEATURES", ("watch_snapshot",))
-    monkeypatch.delitem(netstore_protocol.OPS, "arrive")
+def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ops the network store host decodes, in order."""
     seen: list[str] = []
     decode = netstore.decode_request
 
@@ -94,70 +91,62 @@ def _old_host(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+def _old_host(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A host of the version before ``arrive``: it neither lists nor decodes it (an
+    unknown op closes the connection); returns the ops it decodes."""
+    monkeypatch.setattr(netstore, "FEATURES", ("watch_snapshot",))
+    monkeypatch.delitem(netstore_protocol.OPS, "arrive")
+    return _recorded(monkeypatch)
+
+
+async def _three_nodes_on_a_host(lo: int, hi: int, before: Any = None) -> tuple[list[int], int]:
+    """Three handlers, one network client each, on a fresh host: the ranks of their first
+    round and the round's arrival count.  ``before(client)`` runs first."""
+    server = StoreServer("127.0.0.1", 0)
+    await server.start()
+    clock = AsyncioClock()
+    clients = [
+        await NetStoreClient.connect("127.0.0.1", server.port, clock=clock, read_timeout=5)
+        for _ in range(3)
+    ]
+    try:
+        if before is not None:
+            await before(clients[0])
+        settings = RendezvousSettings("job", lo, hi, RendezvousTimeout(30.0, 0.5, 5.0))
+        hs = [
+            DynamicRendezvousHandler(f"n{i}", f"h{i}", settings, "c10d", c, clock)
+            for i, c in enumerate(clients)
+        ]
+        infos = await asyncio.wait_for(asyncio.gather(*(h.next_rendezvous_async() for h in hs)), 20)
+        count = await clients[0].try_get("elastic/rdzv/job/c/r0/count")
+        for h in hs:
+            await h.leave_async()
+        return sorted(i.rank for i in infos), int(count or b"0")
+    finally:
+        for c in clients:
+            await c.aclose()
+        await server.aclose()
+
+
 def test_an_old_host_gets_no_arrive_and_the_rendezvous_forms_over_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen = _old_host(monkeypatch)
 
-    async def body() -> list[int]:
-        server = StoreServer("127.0.0.1", 0)
-        await server.start()
-        clock = AsyncioClock()
-        clients = [
-            await NetStoreClient.connect("127.0.0.1", server.port, clock=clock, read_timeout=5)
-            for _ in range(3)
-        ]
-        try:
-            with pytest.raises(StoreUnsupportedError, match="predates it"):
-                await clients[0].arrive("c", "m/x", b"", "m/")
-            settings = RendezvousSettings("job", 2, 3, RendezvousTimeout(30.0, 0.5, 5.0))
-            hs = [
-                DynamicRendezvousHandler(f"n{i}", f"h{i}", settings, "c10d", c, clock)
-                for i, c in enumerate(clients)
-            ]
-            infos = await asyncio.wait_for(
-                asyncio.gather(*(h.next_rendezvous_async() for h in hs)), 20
-            )
-            for h in hs:
-                await h.leave_async()
-            return sorted(i.rank for i in infos)
-        finally:
-            for c in clients:
-                await c.aclose()
-            await server.aclose()
+    async def refused(client: NetStoreClient) -> None:
+        with pytest.raises(StoreUnsupportedError, match="predates it"):
+            await client.arrive("c", "m/x", b"", "m/")
 
-    assert asyncio.run(body()) == [0, 1, 2]
+    assert asyncio.run(_three_nodes_on_a_host(2, 3, refused)) == ([0, 1, 2], 3)
     assert "arrive" not in seen and "add" in seen, seen
 
 
-def test_a_rendezvous_joins_with_one_arrive_per_node_on_a_new_host() -> None:
-    async def body() -> tuple[list[int], int]:
-        server = StoreServer("127.0.0.1", 0)
-        await server.start()
-        clock = AsyncioClock()
-        clients = [
-            await NetStoreClient.connect("127.0.0.1", server.port, clock=clock, read_timeout=5)
-            for _ in range(3)
-        ]
-        try:
-            settings = RendezvousSettings("job", 3, 3, RendezvousTimeout(30.0, 0.5, 5.0))
-            hs = [
-                DynamicRendezvousHandler(f"n{i}", f"h{i}", settings, "c10d", c, clock)
-                for i, c in enumerate(clients)
-            ]
-            infos = await asyncio.wait_for(
-                asyncio.gather(*(h.next_rendezvous_async() for h in hs)), 20
-            )
-            count = await clients[0].try_get("elastic/rdzv/job/c/r0/count")
-            for h in hs:
-                await h.leave_async()
-            return sorted(i.rank for i in infos), int(count or b"0")
-        finally:
-            for c in clients:
-                await c.aclose()
-            await server.aclose()
-
-    assert asyncio.run(body()) == ([0, 1, 2], 3)
+def test_a_rendezvous_joins_with_one_arrive_per_node_on_a_new_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = _recorded(monkeypatch)
+    assert asyncio.run(_three_nodes_on_a_host(3, 3)) == ([0, 1, 2], 3)
+    assert seen.count("arrive") == 3 and "add" not in seen, seen
 
 
 def test_the_in_memory_arrive_refuses_an_expired_lease_and_changes_nothing() -> None:

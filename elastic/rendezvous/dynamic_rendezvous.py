@@ -1157,8 +1157,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         told: float | None = None
         my_call: float | None = None  # the end of the last call this node started
         token = self._node.encode()
-        # the arrival that brings the live joiners to max_nodes decides at once, once
-        direct = False
+        elastic = core.min_nodes < core.max_nodes
         arrival: tuple[int, int, int, bool] | None = None
         if self._arrive is not None:
             try:
@@ -1171,62 +1170,46 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 )
             except StoreUnsupportedError:
                 self._arrive = None  # a store host without it: the steps apart from now on
+        # ``before``: the live joiners that arrived before this one (read only past
+        # min_nodes with a last call, past max_nodes without)
         if arrival is not None:
             # Counted, written and the live joiners counted in one operation: every live
             # key under m/ is a joiner that arrived before this one, or this one, so the
             # count is exact (module doc, "Joining").
             n, _, present, marked = arrival
             before = present - marked - 1
-            if core.min_nodes < core.max_nodes:
-                if core.min_nodes <= n:
-                    if before >= core.min_nodes:
-                        told = clock.now() + core.last_call_timeout
-                    direct = n == core.max_nodes or before + 1 == core.max_nodes
-                    if before + 1 == core.min_nodes or n == core.min_nodes:
-                        my_call = await self._arm_last_call(r, token)
-                        seen = True
-            else:
-                direct = n == core.max_nodes or (
-                    n > core.max_nodes and before + 1 == core.max_nodes
-                )
-        elif core.min_nodes < core.max_nodes:
+        elif elastic:
             n = await store.add(keys.count, 1)
-            if core.min_nodes <= n:
-                # Does this arrival bring the live joiners to min_nodes?  Then it arms the
-                # round's last call (again, if the count dropped below min_nodes since the
-                # last one: torch clears the deadline then).  With min_nodes live joiners
-                # before it, one was armed already (running, or over).
-                _, live = await store.snapshot(mprefix)
-                # Performance: counted in C (map, the cached _index, n.__gt__), not a
-                # generator per key: O(N) per arrival, O(N^2) a round (module doc)
-                before = sum(map(n.__gt__, map(_index, live.values())))
-                marker = live.get(mprefix)  # the end marker is no joiner
-                if marker is not None and _index(marker) < n:
-                    before -= 1
-                del live  # Performance: no N-key dict kept alive across the waits below
-                if before >= core.min_nodes:
-                    told = clock.now() + core.last_call_timeout
-                # (by index too: a joiner before it may not have written its key yet)
-                direct = n == core.max_nodes or before + 1 == core.max_nodes
-                # The min_nodes-th arrival always arms it: the joiners before it may not
-                # have written their keys yet (add, then set), and if it saw fewer than
-                # min_nodes - 1 of them, no later arrival need see exactly that many: a
-                # round of min_nodes live joiners (and fewer than max_nodes) would then
-                # wait for a last call nobody started, until the join timeout.
-                if before + 1 == core.min_nodes or n == core.min_nodes:
-                    my_call = await self._arm_last_call(r, token)
-                    seen = True
-            # the value is the arrival index: who came before whom, for the last call
-            await store.set(mprefix + self._node, self._joiner_value(n), lease=self._lease)
-        else:  # no last call: the max_nodes-th arrival decides
+            before = await self._live_before(mprefix, n) if core.min_nodes <= n else 0
+        else:  # no last call: the key first, so the max_nodes-th arrival finds every key
             await store.set(mprefix + self._node, self._joiner_value(None), lease=self._lease)
             n = await store.add(keys.count, 1)
-            direct = n == core.max_nodes
+            before = n - 1
             if n > core.max_nodes:
-                # past max_nodes only if joiners died (or the round is decided already):
-                # does this arrival bring the live ones back to max_nodes?
+                # past max_nodes only if joiners died (or the round is decided already)
                 _, count, marked = await _count_under(store, mprefix)
-                direct = count - marked == core.max_nodes
+                before = count - marked - 1
+        # the arrival that brings the live joiners to max_nodes decides at once, once
+        direct = n == core.max_nodes or (n > core.max_nodes and before + 1 == core.max_nodes)
+        if elastic and core.min_nodes <= n:
+            # Does this arrival bring the live joiners to min_nodes?  Then it arms the
+            # round's last call (again, if the count dropped below min_nodes since the
+            # last one: torch clears the deadline then).  With min_nodes live joiners
+            # before it, one was armed already (running, or over).
+            if before >= core.min_nodes:
+                told = clock.now() + core.last_call_timeout
+            direct = direct or before + 1 == core.max_nodes
+            # The min_nodes-th arrival always arms it: with the steps apart, the joiners
+            # before it may not have written their keys yet (add, then set), and if it
+            # saw fewer than min_nodes - 1 of them, no later arrival need see exactly that
+            # many: a round of min_nodes live joiners (and fewer than max_nodes) would then
+            # wait for a last call nobody started, until the join timeout.
+            if before + 1 == core.min_nodes or n == core.min_nodes:
+                my_call = await self._arm_last_call(r, token)
+                seen = True
+        if elastic and arrival is None:
+            # the value is the arrival index: who came before whom, for the last call
+            await store.set(mprefix + self._node, self._joiner_value(n), lease=self._lease)
         logger.info(
             "The node '%s' added itself to the participants of round %s of the rendezvous "
             "'%s'. Pending sync.",
@@ -1352,6 +1335,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     self._c, rev, round_prefix, max(0.0, deadline - clock.now())
                 )
                 fresh = False
+
+    async def _live_before(self, mprefix: str, n: int) -> int:
+        """The live joiners that arrived before arrival ``n`` and wrote their keys (the
+        join's steps apart: every joiner's key read, O(N))."""
+        _, live = await self._store.snapshot(mprefix)
+        # Performance: counted in C (map, the cached _index, n.__gt__), not a generator
+        # per key
+        before = sum(map(n.__gt__, map(_index, live.values())))
+        marker = live.get(mprefix)  # the end marker is no joiner
+        if marker is not None and _index(marker) < n:
+            before -= 1
+        return before
 
     def _joiner_value(self, n: int | None) -> bytes:
         """This joiner's ``m/`` value: its arrival index ``n`` (``None``: not known
