@@ -3,7 +3,11 @@ job restart, for N nodes x 8 workers at the Llama 3 405B failure rates (the llam
 preset) over D simulated days.  Each configuration runs in a fresh process (peak RSS is the
 process's own).  Run:
 
-    python bench/bench_scale.py --nodes 512 2048 --days 1 [--no-gc-tuning]
+    python bench/bench_scale.py --nodes 512 2048 --days 1 [--no-gc-tuning] [--min-fraction 0.5]
+
+``--min-fraction F`` makes the rendezvous an elastic range, ``min_nodes`` = F x N (every
+arrival past it learns how many live joiners came before it: the cost that ``arrive``
+keeps O(1)); by default ``min_nodes`` = ``max_nodes`` = N.
 
 Writes bench/results/scale.md (appends the rows it measured).
 """
@@ -22,26 +26,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def scenario(nodes: int, days: float) -> str:
+def scenario(nodes: int, days: float, min_nodes: int | None = None) -> str:
     return f"""name: bench llama3 rates, {nodes} x 8, {days} d
 seed: 1
 until: {days}d
 cluster: {{nodes: {nodes}, nproc_per_node: 8, spare_nodes: {max(4, nodes // 128)}}}
 job: {{steps: 100000000, step_time: 6s, startup_time: 5m,
       checkpoint_every: 300, checkpoint_time: 1m}}
-rendezvous: {{min_nodes: {nodes}, max_nodes: {nodes}, join_timeout: 1h}}
+rendezvous: {{min_nodes: {min_nodes or nodes}, max_nodes: {nodes}, join_timeout: 1h}}
 agent: {{max_restarts: 100000}}
 failures: llama3-405b
 """
 
 
-def _one(nodes: int, days: float, gc_tuning: bool) -> dict[str, object]:
+def _one(nodes: int, days: float, gc_tuning: bool, lo: int | None) -> dict[str, object]:
     import sim.gcpause
     from sim.run import simulate
     from sim.scenario import load_scenario_text
 
     sim.gcpause.ENABLED = gc_tuning
-    sc = load_scenario_text(scenario(nodes, days), "bench")
+    sc = load_scenario_text(scenario(nodes, days, lo), "bench")
     # resident memory now (not the peak) at each quarter of the simulated time: flat when
     # the run keeps nothing per round (issue 16)
     quarters: list[int] = []
@@ -58,6 +62,7 @@ def _one(nodes: int, days: float, gc_tuning: bool) -> dict[str, object]:
     restarts = max(rounds - 1, 1)
     return {
         "nodes": nodes,
+        "min_nodes": lo or nodes,
         "days": days,
         "gc_tuning": gc_tuning,
         "wall_s": round(wall, 1),
@@ -84,10 +89,12 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, nargs="+", default=[512, 2048])
     ap.add_argument("--days", type=float, nargs="+", default=[1.0])
     ap.add_argument("--no-gc-tuning", action="store_true")
+    ap.add_argument("--min-fraction", type=float, default=1.0)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(_one(args.nodes[0], args.days[0], not args.no_gc_tuning)))
+        lo = max(1, round(args.nodes[0] * args.min_fraction))
+        print(json.dumps(_one(args.nodes[0], args.days[0], not args.no_gc_tuning, lo)))
         return
     rows = []
     for nodes in args.nodes:
@@ -95,6 +102,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one", "--nodes", str(nodes), "--days", str(days)]
             if args.no_gc_tuning:
                 cmd.append("--no-gc-tuning")
+            cmd += ["--min-fraction", str(args.min_fraction)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
             row = json.loads(out.stdout)
             print(json.dumps(row), flush=True)
