@@ -37,7 +37,11 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
   the live joiners to ``min_nodes``, on a lease of ``last_call_timeout`` that nobody
   renews, so the deadline is the round's (torch's ``state.deadline``) and the store ends
   it at one instant for everyone.  A drop below ``min_nodes`` clears it in effect: the
-  arrival that brings the count back arms a new one.
+  arrival that brings the count back arms a new one.  The arrival that arms it writes
+  it after its join, so a later arrival that counts ``min_nodes`` live joiners before
+  it may find no ``lc`` key yet: it takes the last call as over only once it has seen
+  it run, or a last call's length after its own arrival (a missing key is not an ended
+  call; taking it so decided rounds at once with whoever had arrived).
 * ``state/r<r>/dec`` — the round's one *decider*: the live joiner that won
   ``compare_set(None → node)`` when a decision fell due (the last call ended) or was
   held (a full round keeping a pending seat, or below ``min_nodes`` after the last
@@ -1175,7 +1179,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if arrival is not None:
             # Counted, written and the live joiners counted in one operation: every live
             # key under m/ is a joiner that arrived before this one, or this one, so the
-            # count is exact (module doc, "Joining").
+            # count is exact (module doc, ``r<r>/m/<node>``).
             n, _, present, marked = arrival
             before = present - marked - 1
         elif elastic:
