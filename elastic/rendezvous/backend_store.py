@@ -215,6 +215,32 @@ class _State:
             raise bad(f"{type(e).__name__}: {e}") from None
 
 
+def _int_at(st: _State, key: str) -> int:
+    """The integer at ``key`` (absent: 0), as ``add`` reads it."""
+    item = st.kv.get(key)
+    try:
+        return int(item[0]) if item is not None else 0
+    except ValueError:
+        raise StoreError(f"add({key!r}): the value is not an integer") from None
+
+
+def _first_change(st: _State, prefix: str, after: int) -> int | None:
+    """The first revision after ``after`` that changed a key under ``prefix``, as the blob
+    knows it (None: none).  The blob keeps each key's last change and the last
+    tombstones: the earliest of those is the first change, or, where a key changed twice
+    since, a later one; a watch older than the tombstones kept gets the blob's revision
+    (both as from a compacted history: nothing is missed)."""
+    if after < st.floor:
+        return st.rev
+    return min(
+        (
+            *(mod for k, (_, mod, _) in st.kv.items() if mod > after and k.startswith(prefix)),
+            *(rev for k, rev in st.tomb.items() if rev > after and k.startswith(prefix)),
+        ),
+        default=None,
+    )
+
+
 class _BackendLease(Lease):
     """A lease held in the blob: its owner pushes its expiry every ``ttl / 3``."""
 
@@ -230,9 +256,10 @@ class _BackendLease(Lease):
         self._dies_at: float | None = None  # abandoned: when it expires
 
     def alive(self) -> bool:
-        if self._dies_at is not None and self._store._clock.now() >= self._dies_at:
-            self._lost = True  # nobody renews it: the others expire it at that time
-        return not self._lost
+        # abandoned: nobody renews it, the others expire it at _dies_at
+        return not self._lost and (
+            self._dies_at is None or self._store._clock.now() < self._dies_at
+        )
 
     def abandon(self) -> None:
         self._stop()
@@ -422,13 +449,9 @@ class BackendStore:
 
     async def add(self, key: str, amount: int) -> int:
         def add(st: _State) -> int:
-            item = st.kv.get(key)
-            try:
-                base = int(item[0]) if item is not None else 0
-            except ValueError:
-                raise StoreError(f"add({key!r}): the value is not an integer") from None
-            st.put(key, str(base + amount).encode())
-            return base + amount
+            new = _int_at(st, key) + amount
+            st.put(key, str(new).encode())
+            return new
 
         return await self._mutate(add)
 
@@ -439,11 +462,7 @@ class BackendStore:
         lid = self._own(lease)
 
         def arrive(st: _State) -> tuple[int, int, bool]:
-            item = st.kv.get(counter)
-            try:
-                n = (int(item[0]) if item is not None else 0) + 1
-            except ValueError:
-                raise StoreError(f"add({counter!r}): the value is not an integer") from None
+            n = _int_at(st, counter) + 1
             if lid and lid not in st.leases:
                 raise StoreError(f"set({key!r}): lease {lid} has expired")
             st.put(counter, str(n).encode())
@@ -520,26 +539,11 @@ class BackendStore:
         return st.rev, {k: v for k, (v, _, _) in st.kv.items() if k.startswith(prefix)}
 
     async def watch(self, prefix: str, after: int, timeout: float | None = None) -> int:
-        def changed(st: _State) -> int | None:
-            if after < st.floor:
-                return st.rev  # older than the tombstones kept: as a compacted history
-            # the blob keeps each key's last change: the earliest of those after
-            # ``after`` under the prefix is the first change (or, where a key changed
-            # twice since, a later one: as a compacted history, nothing is missed)
-            first = min(
-                (
-                    *(
-                        mod
-                        for k, (_, mod, _) in st.kv.items()
-                        if mod > after and k.startswith(prefix)
-                    ),
-                    *(rev for k, rev in st.tomb.items() if rev > after and k.startswith(prefix)),
-                ),
-                default=None,
-            )
-            return first
-
-        return await self._until(changed, timeout, f"nothing under {prefix!r} changed")
+        return await self._until(
+            lambda st: _first_change(st, prefix, after),
+            timeout,
+            f"nothing under {prefix!r} changed",
+        )
 
     async def watch_snapshot(
         self, prefix: str, after: int, read_prefix: str, timeout: float | None = None
@@ -549,12 +553,7 @@ class BackendStore:
         second ``get_state``."""
 
         def changed(st: _State) -> tuple[int, dict[str, bytes]] | None:
-            woke = (
-                after < st.floor
-                or any(mod > after and k.startswith(prefix) for k, (_, mod, _) in st.kv.items())
-                or any(rev > after and k.startswith(prefix) for k, rev in st.tomb.items())
-            )
-            if not woke:
+            if _first_change(st, prefix, after) is None:
                 return None
             return st.rev, {k: v for k, (v, _, _) in st.kv.items() if k.startswith(read_prefix)}
 
