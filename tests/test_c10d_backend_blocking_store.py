@@ -12,6 +12,7 @@ import pytest
 from elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from elastic.rendezvous.api import RendezvousStateError
 from elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend, create_backend
+from elastic.rendezvous.etcd_rendezvous_backend import create_backend as etcd_create_backend
 from elastic.utils.distributed import get_free_port
 
 KEY = "torch.rendezvous.run"
@@ -132,3 +133,21 @@ def test_create_backend_under_any_handler_name_gives_a_working_c10d_store() -> N
     assert backend.name == "c10d"
     backend.set_state(b"dummy_state")
     assert store.get("torch.rendezvous.r") == b64encode(b"dummy_state")
+
+
+@pytest.mark.timeout(60)
+def test_an_unreachable_etcd_fails_in_torchs_words_with_ours_inside() -> None:
+    params = RendezvousParameters(
+        backend="etcd-v2",
+        endpoint=f"localhost:{get_free_port()}",
+        run_id="r",
+        min_nodes=1,
+        max_nodes=1,
+        read_timeout="1",
+    )
+    with pytest.raises(
+        RendezvousConnectionError,
+        match=r"^The connection to etcd has failed\. See inner exception for details\.$",
+    ) as info:
+        etcd_create_backend(params)
+    assert "cannot be reached" in str(info.value.__cause__)

@@ -15,6 +15,7 @@ import pytest
 from elastic.clock import Clock
 from elastic.memstore import MemoryStore
 from elastic.rendezvous import (
+    RendezvousConnectionError,
     RendezvousInfo,
     RendezvousParameters,
     RendezvousStateError,
@@ -258,8 +259,6 @@ def test_create_backend_has_torchs_parameters_and_errors() -> None:
         c10d_create_backend(p(store_type="dummy"))
     with pytest.raises(ValueError, match=re.escape("The read timeout must be a positive integer.")):
         c10d_create_backend(p(read_timeout="0"))
-    with pytest.raises(ValueError, match="'file' is not supported"):
-        c10d_create_backend(p(store_type="file"))
     with pytest.raises(ValueError, match="does not represent a valid boolean"):
         c10d_create_backend(p(is_host="maybe"))
     with pytest.raises(ValueError, match=re.escape("The protocol must be HTTP or HTTPS.")):
@@ -407,6 +406,12 @@ def test_create_handler_takes_a_blocking_torch_store_and_reports_it_as_underlyin
     info = h.next_rendezvous()
     assert (info.rank, info.world_size) == (0, 1)
     assert info.bootstrap_store_info.master_addr == "127.0.0.2"
+    # rank 0 publishes a free port, as torch's does: a fixed 29500 collides with a second
+    # job on the same host
+    port = info.bootstrap_store_info.master_port
+    assert port != 29500 and 1024 <= port < 65536
+    again = h.next_rendezvous().bootstrap_store_info.master_port
+    assert again != 29500
     assert info.store.underlying_store is store
     info.store.set("k", b"v")
     assert info.store.get("k") == b"v"
@@ -445,3 +450,40 @@ def test_c10d_create_backend_gives_a_portless_endpoint_the_module_default_port(
     patched = store_for("localhost")
     assert patched is store_for("localhost:29461")
     assert patched is not unpatched
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(60)
+def test_c10d_store_type_file_is_torchs_file_store_and_forms_a_round(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dist = pytest.importorskip("torch.distributed")
+
+    def p(endpoint: str) -> RendezvousParameters:
+        return RendezvousParameters(
+            "c10d", endpoint, "fs-job", 1, 1, store_type="file", join_timeout="30"
+        )
+
+    path = tmp_path / "rdzv"
+    backend, store = c10d_create_backend(p(str(path)))
+    assert isinstance(store, dist.FileStore) and path.exists()
+    h = create_handler(store, backend, p(str(path)))
+    info = h.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    # the state is torch's key in the file store, base64 of JSON (never a pickle)
+    assert json.loads(base64.b64decode(store.get("torch.rendezvous.fs-job")))
+    h.set_closed()
+    # an empty endpoint is a new temporary file, as torch's
+    _, other = c10d_create_backend(p(""))
+    assert isinstance(other, dist.FileStore)
+    # a FileStore that cannot be opened is a connection error, in torch's words (torch's
+    # own FileStore waits for a missing directory, so the failure is made here)
+    import elastic.rendezvous.c10d_rendezvous_backend as module
+
+    def refuse(path: str) -> None:
+        raise RuntimeError(f"cannot open {path}")
+
+    monkeypatch.setattr(module, "FileStore", refuse, raising=False)
+    with pytest.raises(RendezvousConnectionError, match=r"^The connection to the C10d store") as e:
+        c10d_create_backend(p(str(path)))
+    assert "cannot open" in str(e.value.__cause__)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import binascii
 import copy
+import os
+import tempfile
 from base64 import b64decode, b64encode
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -16,6 +18,7 @@ from typing import Any, TypeVar
 from elastic.errors import StoreError
 from elastic.rendezvous.api import (
     RendezvousConnectionError,
+    RendezvousError,
     RendezvousParameters,
     RendezvousStateError,
     SyncRunner,
@@ -187,18 +190,21 @@ class C10dRendezvousBackend(KeyBackend):
 def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend, Any]:
     """Create a new :class:`C10dRendezvousBackend` from the specified parameters.
 
-    torch's parameters: ``store_type`` (``"tcp"``, the default; ``"file"`` is refused:
-    this project has no file store), ``read_timeout`` (seconds, positive; default 60),
-    ``is_host`` (bool or absent).  The store comes from
-    :func:`elastic.real.rdzv_context.default_context` (real mode); it is returned as a
-    :class:`SyncStore` (torch's blocking methods), as torch returns its ``Store``.
+    torch's parameters: ``store_type`` (``"tcp"``, the default, or ``"file"``),
+    ``read_timeout`` (seconds, positive; default 60), ``is_host`` (bool or absent).
+
+    ``tcp``: the store comes from :func:`elastic.real.rdzv_context.default_context`
+    (real mode); it is returned as a :class:`SyncStore` (torch's blocking methods), as
+    torch returns its ``Store``.  ``file``: torch's own ``FileStore`` at the endpoint's
+    path (a new temporary file when the endpoint is empty), returned as it is, as torch
+    does; it needs torch installed.  torch's errors: a temporary file that cannot be made
+    raises :class:`RendezvousError`, a ``FileStore`` that cannot be opened
+    :class:`RendezvousConnectionError`.
     """
     store_type = str(params.get("store_type", "tcp")).strip().lower()
     if store_type == "file":
-        raise ValueError(
-            "The C10d store type 'file' is not supported by elastic (it has no file store); "
-            "use store_type=tcp."
-        )
+        file_store = _create_file_store(params)
+        return C10dRendezvousBackend(file_store, params.run_id), file_store
     if store_type != "tcp":
         raise ValueError("Invalid store type given. Currently only supports file and tcp.")
     read_timeout = params.get_as_int("read_timeout", 60)
@@ -227,3 +233,38 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
     assert ctx.sync_runner is not None
     store = SyncStore(ctx.store, ctx.sync_runner, timeout=float(read_timeout))
     return C10dRendezvousBackend(store, params.run_id), store
+
+
+def _create_file_store(params: RendezvousParameters) -> Any:
+    try:
+        file_store_class = globals().get("FileStore") or __getattr__("FileStore")
+    except ImportError as exc:
+        raise ValueError(
+            f"store_type=file (rendezvous endpoint {params.endpoint!r}) needs torch's "
+            "FileStore and torch is not installed; install torch or use store_type=tcp."
+        ) from exc
+    path = params.endpoint
+    if not path:
+        try:
+            fd, path = tempfile.mkstemp()
+            os.close(fd)
+        except OSError as exc:
+            raise RendezvousError(
+                "The file creation for C10d store has failed. See inner exception for details."
+            ) from exc
+    try:
+        return file_store_class(path)
+    except (ValueError, RuntimeError) as exc:
+        raise RendezvousConnectionError(
+            "The connection to the C10d store has failed. See inner exception for details."
+        ) from exc
+
+
+def __getattr__(name: str) -> Any:
+    # torch's FileStore as a name of this module (torch's tests patch it here), imported
+    # only when asked for: torch is optional
+    if name == "FileStore":
+        from torch.distributed import FileStore
+
+        return FileStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

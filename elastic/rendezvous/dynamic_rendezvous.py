@@ -201,6 +201,8 @@ from elastic.rendezvous.prefix_store import PrefixStore
 from elastic.store import ArriveOp, Lease, Store, arrive_op, watch_snapshot_op
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from elastic.rendezvous.backend_store import RendezvousBackend, Token
 
 __all__ = [
@@ -781,9 +783,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if isinstance(store, SyncStore):
             sync_runner = sync_runner or store._run
             store = store.port
+        port_chooser: Callable[[], int] | None = None
         if clock is None or node_id is None:
-            # real mode: the process-wide loop thread, its clock and torch's node id
-            from elastic.launcher.api import fqdn
+            # real mode: the process-wide loop thread, its clock and torch's node id; rank
+            # 0 publishes a free port as MASTER_PORT, as torch's does (a fixed 29500 would
+            # collide with a second job on the host)
+            from elastic.launcher.api import fqdn, free_port
             from elastic.real.rdzv_context import node_id as make_node_id
             from elastic.real.rdzv_context import shared_loop
 
@@ -795,6 +800,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 sync_runner = sync_runner or shared_loop().run
             local_addr = local_addr or fqdn()
             node_id = node_id or make_node_id(local_addr)
+            port_chooser = free_port
         if not _is_store_port(store):
             # torch's own Store (HashStore, TCPStore, FileStore): blocking, called in threads
             run_in_thread = getattr(clock, "run_in_thread", None)
@@ -822,6 +828,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             BackendStore(backend, clock, poll_interval=poll_interval),
             clock,
             round_store=store,
+            port_chooser=port_chooser,
         )
         handler.sync_runner = sync_runner or backend.sync_runner
         return handler

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from elastic.rendezvous.api import (
+    RendezvousConnectionError,
     RendezvousParameters,
     SyncRunner,
     SyncStore,
@@ -75,7 +76,12 @@ def create_backend(params: RendezvousParameters) -> tuple[EtcdRendezvousBackend,
     from elastic.real.rdzv_context import default_context
     from elastic.rendezvous.prefix_store import PrefixStore
 
-    ctx = default_context(params)
+    try:
+        ctx = default_context(params)
+    except RendezvousConnectionError as exc:  # torch's words; ours are the inner exception
+        raise RendezvousConnectionError(
+            "The connection to etcd has failed. See inner exception for details."
+        ) from exc
     assert ctx.sync_runner is not None
     backend = EtcdRendezvousBackend(
         ctx.store,
