@@ -59,6 +59,8 @@ __all__ = [
     "SyncStore",
     "ThreadRunner",
     "ThreadedStore",
+    "sync_store_of",
+    "torch_store",
 ]
 
 T = TypeVar("T")
@@ -300,6 +302,107 @@ class SyncStore:
 
         n: int = self._run(count())
         return n
+
+
+def sync_store_of(store: object) -> SyncStore | None:
+    """The :class:`SyncStore` behind ``store`` (itself, or the one a torch-typed store
+    from :func:`torch_store` wraps), else ``None``."""
+    if isinstance(store, SyncStore):
+        return store
+    inner = getattr(store, "_elastic_sync_store", None)
+    return inner if isinstance(inner, SyncStore) else None
+
+
+_TORCH_STORE_CLASS: Any = None
+
+
+def torch_store(store: SyncStore) -> Any:
+    """``store`` as a ``torch.distributed.Store`` when the program has imported
+    ``torch.distributed`` (else ``store`` itself: no torch import here).
+
+    What torch's blocking API hands out (``next_rendezvous().store``, ``create_backend``'s
+    store) is a torch ``Store`` there, and programs pass it to ``init_process_group`` or
+    ``PrefixStore``; a :class:`SyncStore` has torch's methods but not its type.  The
+    object returned is a subclass of torch's ``Store`` whose methods (the ones torch's
+    C++ calls back: ``set``, ``get``, ``add``, ``compare_set``, ``wait``, ``check``,
+    ``delete_key``, ``num_keys``, ``multi_get``, ``multi_set``) are the
+    :class:`SyncStore`'s; a blocking call waits with the GIL released, so torch's
+    threads and the store's loop thread go on.
+    """
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not hasattr(dist, "Store"):
+        return store
+    global _TORCH_STORE_CLASS
+    if _TORCH_STORE_CLASS is None:
+        _TORCH_STORE_CLASS = _make_torch_store_class(dist.Store)
+    return _TORCH_STORE_CLASS(store)
+
+
+def _make_torch_store_class(base: Any) -> Any:
+    class TorchSyncStore(base):  # type: ignore[misc]
+        """A :class:`SyncStore` typed as torch's ``Store`` (see :func:`torch_store`)."""
+
+        def __init__(self, sync: SyncStore) -> None:
+            super().__init__()
+            self._elastic_sync_store = sync
+
+        def __repr__(self) -> str:
+            return f"TorchSyncStore({self._elastic_sync_store.port!r})"
+
+        @property
+        def port(self) -> Store:
+            return self._elastic_sync_store.port
+
+        @property
+        def underlying_store(self) -> Any:
+            return self._elastic_sync_store.underlying_store
+
+        @property
+        def timeout(self) -> timedelta:
+            return self._elastic_sync_store.timeout
+
+        @timeout.setter
+        def timeout(self, timeout: timedelta | float) -> None:
+            self._elastic_sync_store.set_timeout(timeout)
+
+        def set_timeout(self, timeout: timedelta | float) -> None:
+            self._elastic_sync_store.set_timeout(timeout)
+
+        def set(self, key: str, value: str | bytes) -> None:
+            self._elastic_sync_store.set(key, value)
+
+        def get(self, key: str) -> bytes:
+            return self._elastic_sync_store.get(key)
+
+        def add(self, key: str, value: int) -> int:
+            return self._elastic_sync_store.add(key, value)
+
+        def compare_set(
+            self, key: str, expected_value: str | bytes, desired_value: str | bytes
+        ) -> bytes:
+            return self._elastic_sync_store.compare_set(key, expected_value, desired_value)
+
+        def wait(self, keys: Sequence[str], timeout: timedelta | float | None = None) -> None:
+            self._elastic_sync_store.wait(keys, timeout)
+
+        def check(self, keys: Sequence[str]) -> bool:
+            return self._elastic_sync_store.check(keys)
+
+        def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+            return self._elastic_sync_store.multi_get(keys)
+
+        def multi_set(self, keys: Sequence[str], values: Sequence[str | bytes]) -> None:
+            self._elastic_sync_store.multi_set(keys, values)
+
+        def delete_key(self, key: str) -> bool:
+            return self._elastic_sync_store.delete_key(key)
+
+        def num_keys(self) -> int:
+            return self._elastic_sync_store.num_keys()
+
+    return TorchSyncStore
 
 
 class ThreadedStore:
@@ -570,8 +673,9 @@ class RendezvousHandler(ABC):
         """
         info: RendezvousInfo = await self._in_thread("next_rendezvous")
         store = info.store
-        if isinstance(store, SyncStore):
-            store = store.port
+        sync = sync_store_of(store)
+        if sync is not None:
+            store = sync.port
         elif not _is_store_port(store):
             assert self.thread_runner is not None
             store = ThreadedStore(store, self.thread_runner)
@@ -655,13 +759,14 @@ class RendezvousHandler(ABC):
     def next_rendezvous(self) -> RendezvousInfo:
         """Main entry-point into the rendezvous barrier (blocking).
 
-        The returned info's ``store`` is a :class:`SyncStore`.
+        The returned info's ``store`` is a :class:`SyncStore`, typed as torch's ``Store``
+        when the program has imported ``torch.distributed`` (:func:`torch_store`).
         """
         self._check_async("next_rendezvous_async")
         info = self._run(self.next_rendezvous_async())
         assert self.sync_runner is not None
         return RendezvousInfo(
-            SyncStore(info.store, self.sync_runner),
+            torch_store(SyncStore(info.store, self.sync_runner)),
             info.rank,
             info.world_size,
             info.bootstrap_store_info,

@@ -13,7 +13,7 @@ import os
 import tempfile
 from base64 import b64decode, b64encode
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from elastic.errors import StoreError
 from elastic.rendezvous.api import (
@@ -24,6 +24,8 @@ from elastic.rendezvous.api import (
     SyncRunner,
     SyncStore,
     _is_store_port,
+    sync_store_of,
+    torch_store,
 )
 from elastic.rendezvous.backend_store import RendezvousBackend, Token
 from elastic.store import Store
@@ -69,12 +71,13 @@ class KeyBackend(RendezvousBackend):
         if not run_id:
             raise ValueError("The run id must be a non-empty string.")
         self._blocking: Any = None
-        if isinstance(store, SyncStore):
-            sync_runner = sync_runner or store._run
-            store = store.port
+        sync = sync_store_of(store)
+        if sync is not None:
+            sync_runner = sync_runner or sync._run
+            store = sync.port
         elif not _is_store_port(store):
             self._blocking = store
-        self._store: Store = store
+        self._store: Store = cast(Store, store)  # a SyncStore was replaced by its port
         self._key = key
         self.sync_runner = sync_runner
         if self._blocking is not None:
@@ -232,7 +235,7 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
         ) from exc
     assert ctx.sync_runner is not None
     store = SyncStore(ctx.store, ctx.sync_runner, timeout=float(read_timeout))
-    return C10dRendezvousBackend(store, params.run_id), store
+    return C10dRendezvousBackend(store, params.run_id), torch_store(store)
 
 
 def _create_file_store(params: RendezvousParameters) -> Any:

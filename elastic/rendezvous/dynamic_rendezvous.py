@@ -195,6 +195,7 @@ from elastic.rendezvous.api import (
     SyncStore,
     ThreadedStore,
     _is_store_port,
+    sync_store_of,
 )
 from elastic.rendezvous.assignment import AgentAssignment, rank_runs
 from elastic.rendezvous.prefix_store import PrefixStore
@@ -780,9 +781,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         torch's ``addr_pid_localid``); ``poll_interval`` — how often a waiting node
         re-reads the backend (torch: 1 s); ``sync_runner`` for the blocking API.
         """
-        if isinstance(store, SyncStore):
-            sync_runner = sync_runner or store._run
-            store = store.port
+        sync = sync_store_of(store)
+        if sync is not None:
+            sync_runner = sync_runner or sync._run
+            store = sync.port
+        assert not isinstance(store, SyncStore)  # sync_store_of found any
         port_chooser: Callable[[], int] | None = None
         if clock is None or node_id is None:
             # real mode: the process-wide loop thread, its clock and torch's node id; rank

@@ -14,6 +14,7 @@ from elastic.rendezvous.api import (
     RendezvousParameters,
     SyncRunner,
     SyncStore,
+    torch_store,
 )
 from elastic.rendezvous.c10d_rendezvous_backend import KeyBackend
 from elastic.rendezvous.utils import parse_rendezvous_endpoint
@@ -92,4 +93,4 @@ def create_backend(params: RendezvousParameters) -> tuple[EtcdRendezvousBackend,
     store = SyncStore(
         PrefixStore(ctx.store, "/torch/elastic/store/"), ctx.sync_runner, float(read_timeout)
     )
-    return backend, store
+    return backend, torch_store(store)
