@@ -75,7 +75,7 @@ def test_two_programs_init_a_gloo_group_over_the_rendezvous_store(tmp_path: Path
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-    for p, (out, err) in zip(procs, outs, strict=True):
+    for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     lines = sorted(out.strip() for out, _ in outs)
     assert lines == ["0 2 3", "1 2 3"]
