@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -397,8 +396,8 @@ def test_function_entrypoint_return_value_reaches_the_agent_as_json(
 
 
 @pytest.mark.timeout(60)
-def test_unserialisable_return_value_becomes_none_with_a_warning(
-    sweep: Sweep, tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_an_unserialisable_return_value_fails_the_worker_naming_what_is_not_data(
+    sweep: Sweep, tmp_path: Path
 ) -> None:
     async def main() -> WorkerExit:
         async with make_workers(sweep, tmp_path) as pw:
@@ -407,11 +406,12 @@ def test_unserialisable_return_value_becomes_none_with_a_warning(
             await group.stop(1.0)
             return ex
 
-    with caplog.at_level(logging.WARNING, logger="elastic.real.workers"):
-        ex = asyncio.run(main())
-    assert ex.exit_code == 0 and ex.return_value is None
-    assert "not JSON-serialisable" in ex.extra["return_value_error"]
-    assert "not JSON-serialisable" in caplog.text
+    ex = asyncio.run(main())
+    # a value that cannot travel as data is the run's failure, never a silent None
+    assert ex.exit_code == 1 and ex.return_value is None
+    assert ex.error_file is not None
+    text = Path(ex.error_file).read_text()
+    assert "ReturnValueError" in text and "which is not data" in text
 
 
 @pytest.mark.timeout(60)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -99,10 +98,12 @@ def test_a_failed_process_stops_the_others_and_is_reported_with_its_error(
     result = pc.wait()
     pc.close()
     assert result is not None and result.is_failed()
-    assert set(result.failures) == {0} and result.return_values == {}
+    # the peer stopped because of it is listed too, as torch's binary runs list it
+    assert set(result.failures) == {0, 1} and result.return_values == {}
     failure = result.failures[0]
     assert isinstance(failure, ProcessFailure)
     assert (failure.local_rank, failure.exitcode) == (0, 3)
+    assert result.failures[1].exitcode == -15
     assert not psutil.pid_exists(sleeper) or psutil.Process(sleeper).status() == "zombie"
 
 
@@ -149,18 +150,6 @@ def test_args_and_envs_must_name_the_same_local_ranks(tmp_path: Path) -> None:
         )
 
 
-def test_options_elastic_lacks_are_refused_not_ignored(tmp_path: Path) -> None:
-    for kw in (
-        {"duplicate_stdout_filters": ["loss"]},
-        {"duplicate_stderr_filters": ["err"]},
-        {"numa_options": object()},
-    ):
-        with pytest.raises(ValueError, match="is not supported by elastic"):
-            start_processes(
-                "x", "/bin/true", {0: ()}, envs(1), DefaultLogsSpecs(str(tmp_path)), **kw
-            )
-
-
 def test_forkserver_starts_fresh_interpreters_like_spawn(tmp_path: Path) -> None:
     pc = start_processes(
         "fs",
@@ -175,8 +164,10 @@ def test_forkserver_starts_fresh_interpreters_like_spawn(tmp_path: Path) -> None
     assert result is not None and result.return_values == {0: "fs0"}
 
 
-def test_envs_reach_the_processes_on_top_of_ours(tmp_path: Path) -> None:
-    os.environ.setdefault("ELASTIC_PCONTEXT_PROBE", "from-parent")
+def test_envs_reach_the_processes_on_top_of_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ELASTIC_PCONTEXT_PROBE", "from-parent")
     pc = start_processes(
         "env",
         "/bin/sh",

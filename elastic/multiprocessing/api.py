@@ -21,10 +21,24 @@ their console copy, and their streams that were not redirected go to ``os.devnul
 
 Where we differ: :meth:`Std.from_str` accepts local ranks of any number of digits
 (torch's pattern takes one digit, so ``10:3`` was refused).
+
+Signals.  :meth:`PContext.start` installs :func:`_terminate_process_handler` (torch's
+name) for SIGTERM, SIGINT, SIGHUP and SIGQUIT, or the names in
+``TORCHELASTIC_SIGNALS_TO_HANDLE``: it raises :class:`SignalException` in the main
+thread, so ``try: pc.wait() except SignalException as e: pc.close(e.sigval)`` stops the
+workers and ``finally`` blocks run.  While a context is stopping its processes
+(:func:`_signals_held`) a signal is held and raised once they are gone, so a second
+Ctrl-C cannot cut a stop short and leave processes behind (torch raises at once).
+
+Also here, as in torch's ``api`` module, for code that imports them from it:
+``ProcessFailure``, ``record``, ``TailLog``, ``SubprocessHandler``,
+``get_subprocess_handler``, ``redirect_stdout``, ``redirect_stderr`` (imported on first
+use, like the process contexts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -32,19 +46,34 @@ import shutil
 import signal
 import tempfile
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import IntFlag
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from elastic.errors import ElasticError
 
 if TYPE_CHECKING:
+    # the names torch's api module re-exports ("X as X": a re-export, not in __all__,
+    # as in torch)
+    from elastic.multiprocessing.errors import ProcessFailure as ProcessFailure
+    from elastic.multiprocessing.errors import record as record
     from elastic.multiprocessing.pcontext import (
         MultiprocessContext,
         PContext,
         RunProcsResult,
         SubprocessContext,
     )
+    from elastic.multiprocessing.redirects import redirect_stderr as redirect_stderr
+    from elastic.multiprocessing.redirects import redirect_stdout as redirect_stdout
+    from elastic.multiprocessing.subprocess_handler import (
+        SubprocessHandler as SubprocessHandler,
+    )
+    from elastic.multiprocessing.subprocess_handler import (
+        get_subprocess_handler as get_subprocess_handler,
+    )
+    from elastic.multiprocessing.tail_log import TailLog as TailLog
 
 __all__ = [
     "DefaultLogsSpecs",
@@ -56,20 +85,35 @@ __all__ = [
     "SignalException",
     "Std",
     "SubprocessContext",
+    "get_std_cm",
     "to_map",
 ]
 
-# torch's process contexts live in .pcontext (they import the real launcher); they are
-# imported on first use so that `elastic run`'s import of this module stays light
-_PCONTEXT = frozenset({"MultiprocessContext", "PContext", "RunProcsResult", "SubprocessContext"})
+# torch's process contexts live in .pcontext (they import the real launcher), and the
+# names torch's api module re-exports in their own modules; all are imported on first
+# use so that `elastic run`'s import of this module stays light (and no cycle forms)
+_LAZY = {
+    "MultiprocessContext": "elastic.multiprocessing.pcontext",
+    "PContext": "elastic.multiprocessing.pcontext",
+    "RunProcsResult": "elastic.multiprocessing.pcontext",
+    "SubprocessContext": "elastic.multiprocessing.pcontext",
+    "ProcessFailure": "elastic.multiprocessing.errors",
+    "record": "elastic.multiprocessing.errors",
+    "TailLog": "elastic.multiprocessing.tail_log",
+    "SubprocessHandler": "elastic.multiprocessing.subprocess_handler",
+    "get_subprocess_handler": "elastic.multiprocessing.subprocess_handler",
+    "redirect_stdout": "elastic.multiprocessing.redirects",
+    "redirect_stderr": "elastic.multiprocessing.redirects",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _PCONTEXT:
-        from elastic.multiprocessing import pcontext
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        return getattr(pcontext, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 class SignalException(ElasticError):
@@ -89,6 +133,63 @@ class SignalException(ElasticError):
 
 
 logger = logging.getLogger(__name__)
+
+#: how many stops are under way (:func:`_signals_held`), and the signals held meanwhile
+_hold_depth = 0
+_held: list[signal.Signals] = []
+
+
+def _terminate_process_handler(signum: int, frame: FrameType | None) -> None:
+    """The handler :meth:`PContext.start` installs: raise :class:`SignalException`.
+
+    While processes are being stopped (:func:`_signals_held`) the signal is held instead
+    and raised when the stop is over.
+    """
+    sigval = signal.Signals(signum)
+    if _hold_depth:
+        _held.append(sigval)
+        return
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold the signals :func:`_terminate_process_handler` would raise for the block;
+    raise :class:`SignalException` for the first one held when the outermost block ends
+    (also when the block raised: the signal is the more urgent news)."""
+    global _hold_depth
+    _hold_depth += 1
+    try:
+        yield
+    finally:
+        _hold_depth -= 1
+        if not _hold_depth and _held:
+            sigval = _held[0]
+            _held.clear()
+            raise SignalException(
+                f"Process {os.getpid()} got signal: {sigval} (held until its processes "
+                "were stopped)",
+                sigval=sigval,
+            )
+
+
+def _validate_full_rank(d: dict[int, Any], nprocs: int, what: str) -> None:
+    """RuntimeError (torch's words) unless ``d``'s keys are exactly ``0..nprocs-1``."""
+    if set(d) != set(range(nprocs)):
+        raise RuntimeError(
+            f"{what}, local rank mapping mismatch, expected: {set(range(nprocs))}, actual: {set(d)}"
+        )
+
+
+def get_std_cm(
+    std_rd: str, redirect_fn: Callable[[str], contextlib.AbstractContextManager[Any]]
+) -> contextlib.AbstractContextManager[Any]:
+    """torch's helper: ``redirect_fn(std_rd)``, or a no-op context when ``std_rd`` is
+    empty (the stream stays on the console)."""
+    if not std_rd:
+        return contextlib.nullcontext()
+    return redirect_fn(std_rd)
+
 
 _VALUE_REGEX = re.compile(r"^[0123]$")
 _MAPPING_REGEX = re.compile(r"^(\d+:[0123],)*(\d+:[0123])$")

@@ -6,15 +6,38 @@ Underneath it is the real workers port (:class:`elastic.real.workers.ProcessWork
 the same launcher, log layout (``logs_specs``), error files and process-tree cleanup the
 agent uses, driven on a private event loop thread.
 
+As torch's:
+
+* :meth:`PContext.start` (from the main thread) installs a handler for SIGTERM, SIGINT,
+  SIGHUP and SIGQUIT (or the names in ``TORCHELASTIC_SIGNALS_TO_HANDLE``) that raises
+  :class:`~elastic.multiprocessing.api.SignalException`; from another thread it logs a
+  warning and installs nothing (the processes still die with this one: each has the
+  launcher's parent-death signal);
+* :meth:`PContext.wait` closes the context once it has a result; when a process fails
+  the others are stopped, and a binary run (:class:`SubprocessContext`) also reports the
+  peers stopped that way (exit code ``-15``, "Signal 15 (SIGTERM) received by PID …")
+  while a function run (:class:`MultiprocessContext`) reports the failure it saw;
+* ``duplicate_stdout_filters`` / ``duplicate_stderr_filters``: the lines of the tee'd
+  streams (``logs_specs``'s ``tee``) that contain any of the strings are also written,
+  with their rank's prefix, to ``filtered_stdout.log`` / ``filtered_stderr.log`` in the
+  attempt's directory; ``filtered_stdout`` / ``filtered_stderr`` are those files (open
+  text files, as torch 2.13's; None without filters).
+
 Differences from torch, on purpose:
 
-* a function entrypoint is started by name in a fresh interpreter and its ``args`` must
-  be JSON values (str, int, float, bool, None, lists, dicts): nothing is pickled across
-  the process boundary (torch pickles through ``multiprocessing``); its return value
-  comes back as JSON too.  ``start_method`` may be ``spawn`` or ``fork`` (fork still
-  execs a fresh interpreter), not ``forkserver``;
+* a function entrypoint is started by name in a fresh interpreter and its ``args`` and
+  return value travel as data (JSON with tags for tuples, bytes, non-str dict keys and
+  tensors, see :mod:`elastic.real._fn_runner`), never pickled; a return value that
+  cannot be sent back fails its rank.  ``start_method`` may be ``spawn`` or ``fork``
+  (fork still runs the function in a fresh child), ``forkserver`` is spawn;
 * :meth:`PContext.wait` is woken by the kernel when a process exits; ``period`` is
-  accepted and unused (torch sleeps ``period`` between polls);
+  accepted and unused (torch sleeps ``period`` between polls); the filtered files are
+  written as the tee reads the pipes, not by polling threads (``_tail_logs`` is empty);
+* :meth:`PContext.close` holds the handled signals while it stops the processes and
+  raises the first afterwards, and the last context to close puts back the handlers
+  that were there before its start (torch leaves its handler installed);
+* ``numa_options`` is accepted and ignored (a warning when given): elastic does not bind
+  workers to NUMA nodes;
 * the calling process is not made a child subreaper and no reaper sidecar is started
   (both are the agent's, not a library call's).
 """
@@ -22,16 +45,21 @@ Differences from torch, on purpose:
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TextIO, TypeVar
 
-from elastic.multiprocessing.api import LogsDest, LogsSpecs
+from elastic.multiprocessing import api as _api
+from elastic.multiprocessing.api import LogsDest, LogsSpecs, _signals_held, _validate_full_rank
 from elastic.multiprocessing.errors import ProcessFailure
+from elastic.multiprocessing.tail_log import TailLog
 from elastic.real.loop_thread import LoopThread
-from elastic.real.workers import ProcessGroup, ProcessWorkers
+from elastic.real.workers import ProcessGroup, ProcessWorkers, _Console
 from elastic.workers import WorkerExit, WorkerLaunch
 
 __all__ = [
@@ -41,6 +69,13 @@ __all__ = [
     "SubprocessContext",
     "start_processes",
 ]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+#: torch's default for ``TORCHELASTIC_SIGNALS_TO_HANDLE``
+DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 
 @dataclass
@@ -61,8 +96,66 @@ class RunProcsResult:
         return len(self.failures) > 0
 
 
+class _Handlers:
+    """The signal handlers the open contexts installed, and those they replaced.
+
+    Process-wide (signal handlers are): the first context to start saves what it
+    replaces, the last to close puts it back — unless someone replaced ours meanwhile.
+    """
+
+    saved: ClassVar[dict[signal.Signals, Any]] = {}
+    holders: ClassVar[int] = 0
+
+    @classmethod
+    def install(cls) -> bool:
+        """Install the handler for the configured signals; False when not possible here."""
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning(
+                "Failed to register signal handlers since elastic is running on a child "
+                "thread: a SIGTERM/SIGINT will not raise SignalException here (the worker "
+                "processes still die with this process)."
+            )
+            return False
+        names = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", DEFAULT_SIGNALS)
+        for name in names.split(","):
+            name = name.strip()
+            if not name:
+                continue
+            try:
+                sig = signal.Signals[name]
+                previous = signal.getsignal(sig)
+                signal.signal(sig, _api._terminate_process_handler)
+            except (KeyError, ValueError, OSError, RuntimeError) as e:
+                logger.warning(
+                    "Failed to register signal handler for %s (%s: %s)",
+                    name,
+                    type(e).__name__,
+                    e,
+                )
+                continue
+            if sig not in cls.saved and previous is not _api._terminate_process_handler:
+                cls.saved[sig] = previous
+            logger.info("Registered signal handler for %s", name)
+        cls.holders += 1
+        return True
+
+    @classmethod
+    def release(cls) -> None:
+        cls.holders -= 1
+        if cls.holders > 0 or threading.current_thread() is not threading.main_thread():
+            return  # (another thread cannot set handlers: ours stay, as in torch)
+        for sig, previous in cls.saved.items():
+            if signal.getsignal(sig) is _api._terminate_process_handler:
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        cls.saved.clear()
+
+
 class PContext:
-    """The base class that standardizes operations over a set of processes (torch's)."""
+    """The base class that standardizes operations over a set of processes (torch's).
+
+    torch's constructor order; ``start_method`` and ``numa_options`` are keywords here
+    (torch's base class has neither; its subclasses do, see them).
+    """
 
     def __init__(
         self,
@@ -72,30 +165,47 @@ class PContext:
         envs: dict[int, dict[str, str]],
         logs_specs: LogsSpecs,
         log_line_prefixes: dict[int, str] | None = None,
+        duplicate_stdout_filters: list[str] | None = None,
+        duplicate_stderr_filters: list[str] | None = None,
+        *,
         start_method: str = "spawn",
+        numa_options: Any = None,
     ) -> None:
         self.name = name
         nprocs = len(args)
-        for what, d in (("args", args), ("envs", envs)):
-            if set(d) != set(range(nprocs)):  # torch's _validate_full_rank
-                raise RuntimeError(
-                    f"{what}, local rank mapping mismatch, expected: {set(range(nprocs))}, "
-                    f"actual: {set(d)}"
-                )
+        _validate_full_rank(args, nprocs, "args")
+        _validate_full_rank(envs, nprocs, "envs")
         if start_method not in ("spawn", "fork", "forkserver"):
             raise ValueError(f"start_method {start_method!r} is not one of spawn, fork, forkserver")
+        if numa_options is not None:
+            logger.warning(
+                "numa_options=%r is ignored: elastic does not bind workers to NUMA nodes",
+                numa_options,
+            )
         self.entrypoint = entrypoint
         self.args = args
         self.envs = envs
         self.nprocs = nprocs
         self.logs_specs = logs_specs
+        self.start_method = start_method
+        #: the filtered copies of the tee'd streams (torch 2.13: open text files), set by
+        #: :meth:`start` when filters were given; closed by :meth:`close`
+        self.filtered_stdout: TextIO | None = None
+        self.filtered_stderr: TextIO | None = None
+        #: torch's log tailers; always empty here (the launcher tees without polling)
+        self._tail_logs: list[TailLog] = []
         self._prefixes = log_line_prefixes
-        self._start_method = start_method
+        self._filters = (
+            tuple(duplicate_stdout_filters or ()),
+            tuple(duplicate_stderr_filters or ()),
+        )
         self._loop: LoopThread | None = None
-        self._workers: ProcessWorkers | None = None
+        self._workers: _Workers | None = None
         self._group: ProcessGroup | None = None
         self._exits: dict[int, WorkerExit] = {}
+        self._seen_failed: set[int] = set()
         self._result: RunProcsResult | None = None
+        self._handlers_installed = False
         self._closed = False
 
     @property
@@ -115,19 +225,24 @@ class PContext:
             raise RuntimeError(f"{type(self).__name__}.start() has not been called")
         return self._group.logs
 
+    def _reports_stopped_peers(self) -> bool:
+        """torch's binaries report every non-zero exit after a stop; its functions, the
+        failure that ended the run."""
+        return isinstance(self.entrypoint, str)
+
     def start(self) -> None:
-        """Start the processes (once)."""
+        """Install the signal handlers (see the module) and start the processes (once)."""
         if self._group is not None or self._closed:
             raise RuntimeError(f"{type(self).__name__}.start() may be called once")
-        prefixes = self._prefixes
         workers = _Workers(
             self.logs_specs,
             role=self.name,
             # every worker is a fresh interpreter (exec): forkserver's isolation is spawn's
-            start_method="spawn" if self._start_method == "forkserver" else self._start_method,
+            start_method="spawn" if self.start_method == "forkserver" else self.start_method,
             subreaper=False,
             reaper=False,
-            prefixes=prefixes,
+            prefixes=self._prefixes,
+            filters=self._filters,
         )
         self._workers = workers
         self._loop = LoopThread(name=f"pcontext-{self.name}")
@@ -141,10 +256,28 @@ class PContext:
             )
             for r in range(self.nprocs)
         ]
+        self._handlers_installed = _Handlers.install()
         try:
-            self._group = self._loop.run(workers.start(launches))
+            # a signal during the spawn is raised once the group exists, so that close()
+            # can stop every process started
+            with _signals_held():
+                try:
+                    self._group = self._run(workers.start(launches))
+                finally:
+                    self.filtered_stdout, self.filtered_stderr = workers.filtered
         except BaseException:
             self.close()
+            raise
+
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``coro`` on the loop and wait; if this thread is interrupted (a
+        SignalException, KeyboardInterrupt) the coroutine is cancelled, not left running."""
+        assert self._loop is not None
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop.loop)
+        try:
+            return fut.result()
+        except BaseException:
+            fut.cancel()
             raise
 
     def pids(self) -> dict[int, int]:
@@ -158,20 +291,24 @@ class PContext:
 
         ``timeout < 0`` waits for as long as it takes; ``timeout == 0`` looks once.
         When a process fails, the others are stopped (SIGTERM, then SIGKILL after 30 s)
-        and the result carries the failures.  ``period`` is unused (see the module).
+        and the result carries the failures (see the module for which).  With a result
+        the context is closed, as torch's.  ``period`` is unused (see the module).
+        A handled signal raises :class:`~elastic.multiprocessing.api.SignalException`
+        here; the processes are then still running until :meth:`close`.
         """
         if self._result is not None:
             return self._result
         if self._group is None or self._loop is None:
             raise RuntimeError(f"{type(self).__name__}.start() has not been called")
         deadline = None if timeout < 0 else time.monotonic() + timeout
-        done = self._loop.run(self._collect(deadline))
-        if not done:
+        if not self._run(self._collect(deadline)):
             return None
-        failed = {r: ex for r, ex in self._exits.items() if ex.failed}
-        if failed:
-            self._loop.run(self._group.stop(30.0, signal.SIGTERM))
-        self._result = self._make_result(failed)
+        with _signals_held():
+            self._seen_failed = {r for r, ex in self._exits.items() if ex.failed}
+            if self._seen_failed:
+                self._run(self._stop_and_drain(self._group))
+            self._result = self._make_result()
+            self.close()
         return self._result
 
     async def _collect(self, deadline: float | None) -> bool:
@@ -186,56 +323,206 @@ class PContext:
             self._exits[ex.local_rank] = ex
         return True
 
-    def _make_result(self, failed: dict[int, WorkerExit]) -> RunProcsResult:
+    async def _stop_and_drain(self, group: ProcessGroup) -> None:
+        """Stop the group; record every exit not yet seen (the peers it stopped)."""
+        await group.stop(30.0, signal.SIGTERM)
+        while len(self._exits) < self.nprocs:
+            try:
+                # after the stop each exit is queued already; the timeout only matters
+                # for a process the stop gave up on (stuck in the kernel)
+                ex = await asyncio.wait_for(group.next_exit(), 1.0)
+            except (RuntimeError, TimeoutError):
+                break
+            self._exits.setdefault(ex.local_rank, ex)
+
+    def _make_result(self) -> RunProcsResult:
         from elastic.multiprocessing.errors.report import failure_from_exit
 
         dest = self._dest()
         result = RunProcsResult(stdouts=dict(dest.stdouts), stderrs=dict(dest.stderrs))
-        if failed:
-            for r, ex in failed.items():
-                when = time.time() - (time.monotonic() - ex.time)
-                result.failures[r] = failure_from_exit(ex, fallback_timestamp=when)
-        else:
+        if not self._seen_failed:
             result.return_values = {r: ex.return_value for r, ex in sorted(self._exits.items())}
+            return result
+        reported = (
+            {r for r, ex in self._exits.items() if ex.failed}
+            if self._reports_stopped_peers()
+            else self._seen_failed
+        )
+        for r in sorted(reported):
+            ex = self._exits[r]
+            when = time.time() - (time.monotonic() - ex.time)
+            result.failures[r] = failure_from_exit(ex, fallback_timestamp=when)
         return result
 
     def close(self, death_sig: signal.Signals | None = None, timeout: int = 30) -> None:
         """Stop every process still running (``death_sig``, default SIGTERM, then SIGKILL
-        ``timeout`` seconds later) and release the context (idempotent)."""
+        ``timeout`` seconds later) and release the context (idempotent).
+
+        Signals handled by the context are held until the processes are gone, then the
+        first is raised as :class:`~elastic.multiprocessing.api.SignalException`.
+        """
         if self._closed:
             return
         self._closed = True
         loop, group, workers = self._loop, self._group, self._workers
-        if loop is None:
-            return
-        try:
-            if group is not None:
-                loop.run(group.stop(float(timeout), int(death_sig or signal.SIGTERM)))
-            if workers is not None:
-                loop.run(workers.aclose())
-        finally:
-            loop.close()
+        with _signals_held():
+            try:
+                if loop is not None:
+                    try:
+                        if group is not None:
+                            loop.run(group.stop(float(timeout), int(death_sig or signal.SIGTERM)))
+                        if workers is not None:
+                            loop.run(workers.aclose())
+                    finally:
+                        loop.close()
+            finally:
+                for f in (self.filtered_stdout, self.filtered_stderr):
+                    if f is not None:
+                        f.close()
+                if self._handlers_installed:
+                    self._handlers_installed = False
+                    _Handlers.release()
 
 
 class MultiprocessContext(PContext):
-    """A :class:`PContext` whose entrypoint is a function (started by its name)."""
+    """A :class:`PContext` whose entrypoint is a function (started by its name).
+
+    torch's constructor: ``start_method`` comes before ``logs_specs``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        entrypoint: Callable[..., Any],
+        args: dict[int, tuple[Any, ...]],
+        envs: dict[int, dict[str, str]],
+        start_method: str,
+        logs_specs: LogsSpecs,
+        log_line_prefixes: dict[int, str] | None = None,
+        numa_options: Any = None,
+        duplicate_stdout_filters: list[str] | None = None,
+        duplicate_stderr_filters: list[str] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            entrypoint,
+            args,
+            envs,
+            logs_specs,
+            log_line_prefixes,
+            duplicate_stdout_filters,
+            duplicate_stderr_filters,
+            start_method=start_method,
+            numa_options=numa_options,
+        )
 
 
 class SubprocessContext(PContext):
-    """A :class:`PContext` whose entrypoint is a binary."""
+    """A :class:`PContext` whose entrypoint is a binary (torch's constructor)."""
+
+    def __init__(
+        self,
+        name: str,
+        entrypoint: str,
+        args: dict[int, tuple[Any, ...]],
+        envs: dict[int, dict[str, str]],
+        logs_specs: LogsSpecs,
+        log_line_prefixes: dict[int, str] | None = None,
+        numa_options: Any = None,
+        duplicate_stdout_filters: list[str] | None = None,
+        duplicate_stderr_filters: list[str] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            entrypoint,
+            args,
+            envs,
+            logs_specs,
+            log_line_prefixes,
+            duplicate_stdout_filters,
+            duplicate_stderr_filters,
+            numa_options=numa_options,
+        )
+
+    def _reports_stopped_peers(self) -> bool:
+        return True
 
 
 class _Workers(ProcessWorkers):
-    """The workers port with torch's per-rank ``log_line_prefixes``."""
+    """The workers port with torch's per-rank ``log_line_prefixes`` and filtered copies.
 
-    def __init__(self, *a: Any, prefixes: dict[int, str] | None, **k: Any) -> None:
+    The filtered copies ride on the console tee: :meth:`_streams` notes which launch it
+    sets up so that :meth:`_console` (which it calls) can wrap that rank's console.
+    """
+
+    def __init__(
+        self,
+        *a: Any,
+        prefixes: dict[int, str] | None,
+        filters: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
+        **k: Any,
+    ) -> None:
         super().__init__(*a, **k)
         self._prefixes = prefixes
+        self._filters = filters
+        self._files: list[TextIO | None] = [None, None]
+        self._launch: WorkerLaunch | None = None
+
+    @property
+    def filtered(self) -> tuple[TextIO | None, TextIO | None]:
+        """The open filtered stdout and stderr files (None: no filters for that stream)."""
+        return self._files[0], self._files[1]
 
     def _header(self, la: WorkerLaunch) -> str:
         if self._prefixes is not None and la.local_rank in self._prefixes:
             return self._prefixes[la.local_rank]
         return super()._header(la)
+
+    def _streams(
+        self, group: ProcessGroup, la: WorkerLaunch, dest: LogsDest
+    ) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+        for i, path in enumerate((dest.filtered_stdout, dest.filtered_stderr)):
+            if self._filters[i] and self._files[i] is None:
+                if not path or os.path.dirname(path) == os.devnull:
+                    path = os.devnull  # no log directory: nothing to keep
+                self._files[i] = open(path, "w", errors="replace", buffering=1)  # noqa: SIM115
+        self._launch = la
+        try:
+            return super()._streams(group, la, dest)
+        finally:
+            self._launch = None
+
+    def _console(self, which: int) -> _Console:
+        console = super()._console(which)
+        la, needles, out = self._launch, self._filters[which - 1], self._files[which - 1]
+        if la is None or not needles or out is None:
+            return console
+        return _FilteringConsole(console, self._header(la), needles, out)
+
+
+class _FilteringConsole(_Console):
+    """The console tee of one rank's stream that also copies matching lines to ``out``.
+
+    The tee writes whole lines, each with the rank's header; a line goes to ``out``
+    (header and all) when its text after the header contains one of ``needles``.
+    """
+
+    def __init__(self, console: _Console, header: str, needles: tuple[str, ...], out: TextIO):
+        super().__init__(console._stream)
+        self._header = header
+        self._raw_header = header.encode()
+        self._needles = needles
+        self._out = out
+
+    def write(self, data: bytes, /) -> int:
+        n = super().write(data)
+        for line in data.split(b"\n"):
+            if not line:
+                continue
+            text = line.removeprefix(self._raw_header).decode(errors="replace")
+            if any(needle in text for needle in self._needles):
+                self._out.write(f"{self._header}{text}\n")
+        return n
 
 
 def start_processes(
@@ -252,22 +539,43 @@ def start_processes(
 ) -> PContext:
     """Start ``len(args)`` copies of ``entrypoint``; return the started :class:`PContext`.
 
-    torch's signature.  A ``str`` entrypoint is a binary (``args`` are its arguments);
-    a function is started by its importable name with JSON ``args`` (see the module
-    docstring).  ``envs[r]`` is added to this process's environment for local rank
-    ``r``; ``logs_specs`` decides where output and error files go.  ``numa_options`` and
-    the ``duplicate_*_filters`` are not supported here: given, they are refused with a
-    ``ValueError`` rather than ignored.
+    torch's signature.  A ``str`` entrypoint is a binary (``args`` are its arguments,
+    a :class:`SubprocessContext`); a function is started by its importable name with
+    data ``args`` (a :class:`MultiprocessContext`; see the module docstring).
+    ``envs[r]`` is added to this process's environment for local rank ``r``;
+    ``logs_specs`` decides where output and error files go; the filters copy matching
+    lines of the tee'd streams to the filtered files.  ``numa_options`` is ignored (a
+    warning when given).
     """
-    for what, value in (
-        ("numa_options", numa_options),
-        ("duplicate_stdout_filters", duplicate_stdout_filters),
-        ("duplicate_stderr_filters", duplicate_stderr_filters),
-    ):
-        if value:
-            raise ValueError(f"start_processes: {what}={value!r} is not supported by elastic")
-    cls: type[PContext] = SubprocessContext if isinstance(entrypoint, str) else MultiprocessContext
-    context = cls(name, entrypoint, args, envs, logs_specs, log_line_prefixes, start_method)
+    nprocs = len(args)
+    _validate_full_rank(args, nprocs, "args")
+    _validate_full_rank(envs, nprocs, "envs")
+    context: PContext
+    if isinstance(entrypoint, str):
+        context = SubprocessContext(
+            name,
+            entrypoint,
+            args,
+            envs,
+            logs_specs,
+            log_line_prefixes,
+            numa_options,
+            duplicate_stdout_filters,
+            duplicate_stderr_filters,
+        )
+    else:
+        context = MultiprocessContext(
+            name,
+            entrypoint,
+            args,
+            envs,
+            start_method,
+            logs_specs,
+            log_line_prefixes,
+            numa_options,
+            duplicate_stdout_filters,
+            duplicate_stderr_filters,
+        )
     try:
         context.start()
     except BaseException:

@@ -1,27 +1,47 @@
-"""Runs a Python-function worker and hands its return value back as JSON.
+"""Runs a Python-function worker and hands its return value back as data.
 
 Spawn start method: the launcher writes a small JSON spec (module, qualname, the agent's
-``sys.path``, the main script's path when the function lives in ``__main__``, the JSON
+``sys.path``, the main script's path when the function lives in ``__main__``, the
 arguments, where to write the result) and runs this file as a script::
 
     python <this file> <spec.json>
 
 Fork start method: the forked child calls :func:`run_function` directly.
 
-Return values travel as JSON, never pickle: the result file holds ``{"value": <json>}``
-or, when the value cannot be encoded, ``{"unserialisable": "<type name>"}`` (the agent
-then records None and logs a warning).  A torch tensor anywhere in the value (torch's
-function workers return them) is written as its dtype, shape and raw bytes (base64) under
-the key :data:`TENSOR_KEY`, and the agent rebuilds it as a CPU tensor (:func:`decode`):
-data only, nothing that runs code when read.  The function runs under ``record`` so an
-exception is written to ``TORCHELASTIC_ERROR_FILE`` like torch's function workers.
-Exit code: 0 on return, 1 on exception, the code of ``SystemExit`` otherwise.
+Arguments and return values travel as JSON, never pickle: nothing here runs code when
+it is read.  Plain JSON values are themselves; what JSON lacks is written as an object
+with one tag key (:func:`to_data`, read back by :func:`decode`, ``json.loads``'s
+``object_hook``):
+
+===================================  =====================================================
+value                                written as
+===================================  =====================================================
+tuple                                ``{"__elastic_tuple__": [items]}``
+bytes (and bytearray: back as bytes) ``{"__elastic_bytes__": "<base64>"}``
+dict with a key that is not a str    ``{"__elastic_dict__": [[key, value], ...]}``
+(or whose one key is a tag)
+float NaN, inf, -inf                 ``{"__elastic_float__": "nan" | "inf" | "-inf"}``
+torch tensor (as a CPU tensor)       ``{"__elastic_tensor__": {dtype, shape, data}}``
+===================================  =====================================================
+
+So ``{0: (1, b"x")}`` comes back as ``{0: (1, b"x")}``, as with torch's pickling.
+Subclasses of int, float, str, list, tuple and dict come back as the base type; other
+objects (sets, dataclasses, numpy arrays…) are refused.  The result file holds
+``{"value": <data>}``.  A return value that cannot be written this way, or whose
+encoding is over :data:`MAX_RESULT_BYTES`, fails the worker: :func:`run_function`
+raises :class:`ReturnValueError` inside ``record`` (so the reason is in
+``TORCHELASTIC_ERROR_FILE`` like any exception) and the worker exits 1.
+The function runs under ``record`` so an exception is written to the error file like
+torch's function workers.  Exit code: 0 on return, 1 on exception (or a return value
+that cannot be sent back), the code of ``SystemExit`` otherwise.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
+import math
 import os
 import sys
 import traceback
@@ -29,28 +49,42 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
+    "MAX_DEPTH",
     "MAX_RESULT_BYTES",
     "MAX_SPEC_BYTES",
     "TENSOR_KEY",
+    "ReturnValueError",
     "decode",
+    "encode_result",
+    "from_data",
     "run_function",
+    "to_data",
     "write_result",
 ]
 
-MAX_RESULT_BYTES = 1 << 20  # 1 MiB: a return value is a summary, not a data set
+MAX_RESULT_BYTES = 64 << 20  # 64 MiB: what the agent holds per worker, briefly, to read it
 MAX_SPEC_BYTES = 16 << 20
+#: how deeply containers may nest in an argument or return value (a cycle hits it too)
+MAX_DEPTH = 100
 
 
 #: the one key of the JSON object that stands for a tensor
 TENSOR_KEY = "__elastic_tensor__"
+_TUPLE = "__elastic_tuple__"
+_BYTES = "__elastic_bytes__"
+_DICT = "__elastic_dict__"
+_FLOAT = "__elastic_float__"
+_TAGS = frozenset({TENSOR_KEY, _TUPLE, _BYTES, _DICT, _FLOAT})
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+class ReturnValueError(TypeError):
+    """A worker function's return value cannot be sent back to the agent as data."""
 
 
 def _encode_tensor(obj: Any) -> Any:
-    """``json.dumps``'s ``default``: a torch tensor as data; anything else is refused."""
-    torch = sys.modules.get("torch")  # a worker that made a tensor imported torch
-    if torch is None or not isinstance(obj, torch.Tensor):
-        raise TypeError(type(obj).__qualname__)
     t = obj.detach().cpu().contiguous()
+    torch = sys.modules["torch"]
     raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
     return {
         TENSOR_KEY: {
@@ -61,13 +95,84 @@ def _encode_tensor(obj: Any) -> Any:
     }
 
 
-def decode(obj: dict[str, Any]) -> Any:
-    """``json.loads``'s ``object_hook``: rebuild a tensor written by :func:`write_result`
-    (imports torch only when the value holds one).  Raises ``ValueError`` for a tensor
-    whose fields do not fit together."""
-    if len(obj) != 1 or TENSOR_KEY not in obj:
+def to_data(obj: Any, where: str = "value", depth: int = 0) -> Any:
+    """``obj`` as a tree ``json.dumps`` writes unchanged (see the module's table).
+
+    Raises ``TypeError`` naming the first part that is not data (``where`` is its path,
+    e.g. ``value['a'][2]``), or ``ValueError`` past :data:`MAX_DEPTH` levels.
+    """
+    if obj is None or isinstance(obj, bool):
         return obj
-    spec = obj[TENSOR_KEY]
+    # the base type's own conversions: a subclass's __str__/__int__ cannot change the value
+    if isinstance(obj, str):
+        return str.__str__(obj)
+    if isinstance(obj, int):
+        return int.__int__(obj)
+    if isinstance(obj, float):
+        if math.isfinite(obj):
+            return float.__float__(obj)
+        return {_FLOAT: "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")}
+    if depth >= MAX_DEPTH:
+        raise ValueError(f"{where} nests more than {MAX_DEPTH} levels deep (or is a cycle)")
+    if isinstance(obj, bytes | bytearray):
+        return {_BYTES: base64.b64encode(obj).decode("ascii")}
+    if isinstance(obj, list):
+        return [to_data(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {_TUPLE: [to_data(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj)]}
+    if isinstance(obj, dict):
+        if all(type(k) is str for k in obj) and not (len(obj) == 1 and next(iter(obj)) in _TAGS):
+            return {k: to_data(v, f"{where}[{k!r}]", depth + 1) for k, v in obj.items()}
+        return {
+            _DICT: [
+                [
+                    to_data(k, f"{where} key {k!r}", depth + 1),
+                    to_data(v, f"{where}[{k!r}]", depth + 1),
+                ]
+                for k, v in obj.items()
+            ]
+        }
+    torch = sys.modules.get("torch")  # a worker that made a tensor imported torch
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return _encode_tensor(obj)
+    raise TypeError(f"{where} is a {type(obj).__qualname__}, which is not data")
+
+
+def decode(obj: dict[str, Any]) -> Any:
+    """``json.loads``'s ``object_hook``: rebuild what :func:`to_data` tagged (imports
+    torch only when the value holds a tensor).  Raises ``ValueError`` for a tagged object
+    whose fields do not fit together."""
+    if len(obj) != 1:
+        return obj
+    ((tag, body),) = obj.items()
+    if tag not in _TAGS:
+        return obj
+    if tag == TENSOR_KEY:
+        return _decode_tensor(body)
+    try:
+        if tag == _TUPLE and isinstance(body, list):
+            return tuple(body)
+        if tag == _BYTES and isinstance(body, str):
+            return base64.b64decode(body, validate=True)
+        if tag == _FLOAT and body in _NON_FINITE:
+            return _NON_FINITE[body]
+        if tag == _DICT and isinstance(body, list):
+            return dict(body)  # each item must be a [key, value] pair
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"malformed {tag} in the data ({type(e).__name__}: {e})") from None
+    raise ValueError(f"malformed {tag} in the data")
+
+
+def from_data(tree: Any) -> Any:
+    """What :func:`to_data` wrote, rebuilt from an already parsed JSON tree."""
+    if isinstance(tree, list):
+        return [from_data(v) for v in tree]
+    if isinstance(tree, dict):
+        return decode({k: from_data(v) for k, v in tree.items()})
+    return tree
+
+
+def _decode_tensor(spec: Any) -> Any:
     try:
         import torch
     except ImportError:
@@ -85,26 +190,70 @@ def decode(obj: dict[str, Any]) -> Any:
         raise ValueError(f"malformed tensor in the result ({type(e).__name__}: {e})") from None
 
 
-def write_result(path: str, value: Any) -> None:
-    """Write the JSON result file atomically (the agent reads it after the exit)."""
+_WHAT_TO_RETURN = (
+    "return JSON values (dict, list, str, int, float, bool, None), tuples, bytes or torch "
+    "tensors from worker functions"
+)
+
+
+def encode_result(value: Any, fn_name: str = "the worker function") -> str:
+    """The result file's text for ``value``; :class:`ReturnValueError` when it cannot be
+    written as data or is over :data:`MAX_RESULT_BYTES` encoded."""
     try:
-        body = json.dumps({"value": value}, allow_nan=False, default=_encode_tensor)
-    except (TypeError, ValueError):
-        body = json.dumps({"unserialisable": type(value).__qualname__})
-    if len(body.encode()) > MAX_RESULT_BYTES:
-        body = json.dumps({"too_large": len(body.encode())})
+        body = json.dumps({"value": to_data(value)}, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ReturnValueError(
+            f"the return value of {fn_name} cannot be sent back to the agent: {e}; "
+            f"{_WHAT_TO_RETURN} (nothing is pickled)"
+        ) from None
+    size = len(body.encode())
+    if size > MAX_RESULT_BYTES:
+        raise ReturnValueError(
+            f"the return value of {fn_name} is {size} bytes encoded, over the "
+            f"{MAX_RESULT_BYTES}-byte limit: return a summary and write large data to a file"
+        )
+    return body
+
+
+def _write(path: str, body: str) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(body)
     os.replace(tmp, path)
 
 
+def write_result(path: str, value: Any) -> None:
+    """Write the result file atomically (the agent reads it after the exit).
+
+    A value that cannot be sent is written as a marker the agent reports
+    (``unserialisable`` / ``too_large``); :func:`run_function` fails the worker instead.
+    """
+    try:
+        body = encode_result(value)
+    except ReturnValueError:
+        try:
+            body = json.dumps({"too_large": len(json.dumps({"value": to_data(value)}))})
+        except (TypeError, ValueError):
+            body = json.dumps({"unserialisable": type(value).__qualname__})
+    _write(path, body)
+
+
 def run_function(fn: Callable[..., Any], args: Sequence[Any], result_path: str) -> int:
-    """Call ``fn(*args)`` under ``record``; write its return value; return the exit code."""
+    """Call ``fn(*args)`` under ``record``; write its return value; return the exit code.
+
+    The value is encoded inside ``record``: one that cannot be sent back fails the worker
+    (exit code 1) with :class:`ReturnValueError` in its error file, not a silent None.
+    """
     from elastic.multiprocessing.errors import record
 
+    name = f"{getattr(fn, '__qualname__', type(fn).__qualname__)}()"
+
+    @functools.wraps(fn)
+    def call_and_encode(*a: Any) -> str:
+        return encode_result(fn(*a), name)
+
     try:
-        value = record(fn)(*args)
+        body = record(call_and_encode)(*args)
     except SystemExit as e:
         code = e.code
         if code is None:
@@ -116,7 +265,7 @@ def run_function(fn: Callable[..., Any], args: Sequence[Any], result_path: str) 
     except BaseException:
         traceback.print_exc()
         return 1
-    write_result(result_path, value)
+    _write(result_path, body if body is not None else encode_result(None))  # None: exit(0)
     return 0
 
 
@@ -150,8 +299,10 @@ def main(argv: Sequence[str]) -> int:
         return 1
     spec = json.loads(raw)
     sys.path[:] = [p for p in spec["sys_path"] if isinstance(p, str)]
+    # the arguments are decoded after sys.path is the agent's: a tensor needs torch
+    args = from_data(spec["args"])
     fn = _resolve(spec)
-    return run_function(fn, spec["args"], spec["result_path"])
+    return run_function(fn, args, spec["result_path"])
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ worker's ``PATH`` first (a missing one is a one-line :class:`~elastic.errors.Con
 run by :mod:`elastic.real._fn_runner`: with ``start_method="spawn"`` the function is found
 again by its import path (module + qualified name, ``__main__`` re-run as
 ``__mp_main__``), so lambdas and local functions are refused; with ``"fork"`` the child
-calls it directly.  Arguments and return values are JSON, never pickle: a return value
-that is not JSON-serialisable (or over 1 MiB) reaches the agent as None with a warning.
+calls it directly.  Arguments and return values are data, never pickle: JSON with tags
+for tuples, bytes, non-str dict keys and tensors (:mod:`elastic.real._fn_runner`); a
+return value that cannot be written so (or is over 64 MiB encoded), or that the agent
+cannot read back, fails the worker (exit code 1, the reason in its error file).
 Each worker leads its own process group and its environment is the agent's, overlaid by
 ``WorkerLaunch.env``, plus ``TORCHELASTIC_ERROR_FILE`` (from the
 :class:`~elastic.multiprocessing.api.LogsSpecs`) — the same names torch gives.  The
@@ -331,14 +333,20 @@ class ProcessGroup:
         for fd in w.tee_fds:
             self._drain(fd, _Drain.ALL)
         lr = w.launch.local_rank
-        cause = self._cause(w, code)
         extra: dict[str, Any] = {}
         value = None
         if code == 0 and w.result_path is not None:
             value, problem = _read_result(w.result_path)
-            if problem:
+            if problem == _NO_RESULT:  # exited 0 without returning (os._exit(0), say)
                 logger.warning("local_rank %s: return value recorded as None: %s", lr, problem)
                 extra["return_value_error"] = problem
+            elif problem:
+                # a value that cannot be read back is a failure, not a silent None
+                code = 1
+                extra["return_value_error"] = problem
+                logger.error("local_rank %s (pid %s) FAILED: %s", lr, w.pid, problem)
+                _record_result_error(w.error_file, problem)
+        cause = self._cause(w, code)
         error_file = w.error_file if w.error_file and os.path.isfile(w.error_file) else None
         ex = WorkerExit(lr, code, now, cause, w.pid, value, error_file, extra)
         w.done.set_result(ex)
@@ -599,8 +607,12 @@ def _reap_zombies(pids: list[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
+_NO_RESULT = "the worker wrote no result"
+
+
 def _read_result(path: str) -> tuple[Any, str | None]:
-    """(value, None) or (None, why) from a function worker's JSON result file."""
+    """(value, None) or (None, why) from a function worker's result file
+    (:mod:`elastic.real._fn_runner`'s tagged JSON)."""
     try:
         size = os.stat(path).st_size
         if size > _fn_runner.MAX_RESULT_BYTES + 64:
@@ -608,8 +620,8 @@ def _read_result(path: str) -> tuple[Any, str | None]:
         with open(path, "rb") as f:
             data = json.loads(f.read(), object_hook=_fn_runner.decode)
     except FileNotFoundError:
-        return None, "the worker wrote no result"
-    except (OSError, ValueError) as e:
+        return None, _NO_RESULT
+    except (OSError, ValueError, RecursionError) as e:
         return None, f"unreadable result file: {e}"
     finally:
         with contextlib.suppress(OSError):
@@ -620,12 +632,26 @@ def _read_result(path: str) -> tuple[Any, str | None]:
         return data["value"], None
     if "unserialisable" in data:
         return None, (
-            f"a {data['unserialisable']} is not JSON-serialisable; return JSON values "
-            "(dict, list, str, int, float, bool, None) or torch tensors from worker functions"
+            f"a {data['unserialisable']} cannot be sent back as data; return JSON values "
+            "(dict, list, str, int, float, bool, None), tuples, bytes or torch tensors "
+            "from worker functions"
         )
     if "too_large" in data:
-        return None, f"the JSON value is {data['too_large']} bytes, over the 1 MiB limit"
+        return None, (
+            f"the return value is {data['too_large']} bytes encoded, over the "
+            f"{_fn_runner.MAX_RESULT_BYTES}-byte limit"
+        )
     return None, "malformed result file"
+
+
+def _record_result_error(error_file: str | None, problem: str) -> None:
+    """Say in the worker's error file (when it wrote none) why its exit counts as failed,
+    so the failure report shows the reason."""
+    if not error_file or os.path.exists(error_file):
+        return
+    body = json.dumps({"message": f"ReturnValueError: {problem}", "timestamp": int(time.time())})
+    with contextlib.suppress(OSError), open(error_file, "x", encoding="utf-8") as f:
+        f.write(body)
 
 
 class ProcessWorkers:
@@ -929,14 +955,14 @@ class ProcessWorkers:
         if isinstance(la.entrypoint, str):
             argv = [_resolve_executable(la.entrypoint, env), la.entrypoint, *map(str, args)]
         else:
-            _check_json_args(args)
+            data_args = _check_json_args(args)
             result_path = os.path.join(private_dir, f"result_{r}.json")
             if self.start_method == "fork":
                 fork_fn = la.entrypoint
                 argv = []
             else:
                 spec = _function_spec(la.entrypoint)
-                spec.update(args=args, result_path=result_path, sys_path=list(sys.path))
+                spec.update(args=data_args, result_path=result_path, sys_path=list(sys.path))
                 spec_path = os.path.join(private_dir, f"spec_{r}.json")
                 with open(spec_path, "w", encoding="utf-8") as f:
                     json.dump(spec, f)
@@ -1110,15 +1136,20 @@ def _resolve_executable(entrypoint: str, env: Mapping[str, str]) -> str:
     return found
 
 
-def _check_json_args(args: Sequence[Any]) -> None:
+def _check_json_args(args: Sequence[Any]) -> list[Any]:
+    """``args`` as data for the spawn spec (:func:`_fn_runner.to_data`); ConfigError if
+    an argument is not data."""
     try:
-        json.dumps(list(args), allow_nan=False)
+        data = _fn_runner.to_data(list(args), "args")
+        json.dumps(data, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ConfigError(
             "args",
             f"function worker arguments must be JSON values (str, int, float, bool, None, "
-            f"list, dict), not pickled objects: {e}",
+            f"list, dict), tuples, bytes or torch tensors, not pickled objects: {e}",
         ) from None
+    assert isinstance(data, list)
+    return data
 
 
 def _function_spec(fn: Callable[..., Any]) -> dict[str, Any]:
