@@ -130,8 +130,6 @@ def test_the_timer_pipe_never_raises_and_stays_bounded(
     server = fbt.FileTimerServer(str(tmp_path_factory.mktemp("t") / "pipe"), "run")
     got: list[fbt.FileTimerRequest] = []
     server.register_timers = got.extend  # type: ignore[method-assign]
-    me = os.getpid()
-    server.guard.pid_allowed = lambda pid: pid == me  # type: ignore[method-assign]
     r, w = os.pipe()
     os.set_blocking(r, False)
     server._rfd = r
@@ -142,7 +140,10 @@ def test_the_timer_pipe_never_raises_and_stays_bounded(
                 with contextlib.suppress(BlockingIOError):
                     os.write(w, chunk[:60000])
             bounded(server._drain)
-        assert all(req.worker_pid == me for req in got)
+        # every timer that parses is accepted (torch's); the guard acts at the reap
+        assert all(
+            isinstance(req, fbt.FileTimerRequest) and isinstance(req.worker_pid, int) for req in got
+        )
         assert len(server._buf) <= fbt.MAX_LINE_BYTES
     finally:
         logging.getLogger(fbt.__name__).disabled = False

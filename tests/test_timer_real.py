@@ -176,10 +176,6 @@ def test_released_timer_does_not_kill(fifo: str) -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        pytest.param(lambda child: line(os.getppid(), signal.SIGKILL), id="foreign-pid"),
-        pytest.param(lambda child: line(os.getpid(), signal.SIGKILL), id="server-own-pid"),
-        pytest.param(lambda child: line(-1, signal.SIGKILL), id="process-group"),
-        pytest.param(lambda child: line(child, signal.SIGUSR1), id="forbidden-signal"),
         pytest.param(lambda child: line(child, signal.SIGKILL, version=2), id="unknown-version"),
         pytest.param(
             lambda child: {**line(child, signal.SIGKILL), "pid": str(child)}, id="mistyped"
@@ -187,7 +183,7 @@ def test_released_timer_does_not_kill(fifo: str) -> None:
         pytest.param(lambda child: [child], id="not-an-object"),
     ],
 )
-def test_refused_requests_never_register(
+def test_malformed_requests_never_register(
     server: tuple[FileTimerServer, list[tuple[str, Any]], list[Reaped]],
     fifo: str,
     bad: Callable[[int], object],
@@ -201,6 +197,37 @@ def test_refused_requests_never_register(
         wait_for(lambda: srv._request_count == 1)
         timers = srv.get_expired_timers(1e13)
         assert [r.scope_id for rs in timers.values() for r in rs] == ["marker"]
+        assert reaped == []
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(lambda child: line(os.getppid(), signal.SIGKILL), id="foreign-pid"),
+        pytest.param(lambda child: line(os.getpid(), signal.SIGKILL), id="server-own-pid"),
+        pytest.param(lambda child: line(-1, signal.SIGKILL), id="process-group"),
+        pytest.param(lambda child: line(child, signal.SIGUSR1), id="forbidden-signal"),
+    ],
+)
+def test_requests_the_guard_would_refuse_are_listed_as_torch_lists_them(
+    server: tuple[FileTimerServer, list[tuple[str, Any]], list[Reaped]],
+    fifo: str,
+    bad: Callable[[int], dict[str, Any]],
+) -> None:
+    # torch accepts any pid and signal; the guard acts only when the timer expires
+    # (see tests/test_timer_torch_compat.py for the reap itself)
+    srv, _, reaped = server
+    child = spawn(SLEEPER)
+    try:
+        request = bad(child.pid)
+        write_line(fifo, request)
+        wait_for(lambda: srv._request_count == 1)
+        timers = srv.get_expired_timers(1e13)
+        assert list(timers) == [request["pid"]]
+        assert [r.signal for r in timers[request["pid"]]] == [request["signal"]]
         assert reaped == []
     finally:
         child.kill()
@@ -307,11 +334,13 @@ def test_local_server_drops_malformed_queue_messages() -> None:
         try:
             q.put({"pid": child.pid})
             q.put((child.pid, 7, 1.0))
-            q.put((os.getppid(), "foreign", 1e12))
+            q.put((os.getppid(), "foreign", 1e12))  # well-formed: accepted, as torch
             q.put((child.pid, "ok", 1e12))
-            wait_for(lambda: bool(srv.get_expired_timers(1e13)))
-            (timers,) = srv.get_expired_timers(1e13).values()
-            assert timers == [TimerRequest(child.pid, "ok", 1e12)]
+            wait_for(lambda: len(srv.get_expired_timers(1e13)) == 2)
+            assert srv.get_expired_timers(1e13) == {
+                os.getppid(): [TimerRequest(os.getppid(), "foreign", 1e12)],
+                child.pid: [TimerRequest(child.pid, "ok", 1e12)],
+            }
         finally:
             child.kill()
             child.wait()

@@ -16,7 +16,7 @@ Layout:
   simulator and for real: wakes at the next deadline or request, never polls;
 * :mod:`~elastic.timer.local_timer` / :mod:`~elastic.timer.file_based_local_timer` —
   torch's two real client/server pairs, feeding that core;
-* :mod:`~elastic.timer.guard` — which pids and signals a server may use.
+* :mod:`~elastic.timer.guard` — which pids and signals a server's reap may use.
 
 Safer than torch (deliberately):
 
@@ -25,9 +25,13 @@ Safer than torch (deliberately):
    worker only and reports it (``log_event("kill worker process", ...)`` and
    ``on_reap``); the agent applies its restart policy.
 2. torch signals whatever pid a request names with whatever signal it carries.  Here
-   only the agent's workers (``set_worker_pids``, updated each (re)start, plus their
-   descendants) and only allowed signals (default ``{SIGKILL, SIGTERM}``); anything
-   else is logged and dropped.
+   the requests are accepted and listed as in torch (``get_expired_timers`` reports
+   every expired timer, fake pids included, and an overridden or mocked
+   ``_reap_worker`` sees them all), but the default ``_reap_worker`` signals only the
+   agent's workers (``set_worker_pids``, updated each (re)start, plus their
+   descendants; never a pid ≤ 0 or the server itself) and only allowed signals
+   (default ``{SIGKILL, SIGTERM}``); anything else is logged, not signalled, and its
+   timers are dropped.
 3. The FIFO is created owner-only (0o600); a line over ``PIPE_BUF`` bytes, not JSON,
    of an unknown ``version`` or with mistyped fields is refused.  Queue messages of the
    local pair are plain tuples, validated field by field.

@@ -9,10 +9,10 @@ is logged and dropped (the other requests read with it are kept).
 
 Limits (anything that can write the pipe is untrusted): lines of at most
 ``MAX_LINE_BYTES``; at most ``MAX_TIMERS`` (1,024) live timers per server — an acquire
-of a new scope beyond that is refused (a renewal or a release always passes); a pid is
-checked by walking ``/proc/<pid>/stat`` up to its ancestors (tens of µs per request);
-warnings about refused or malformed requests are rate-limited to ``_LOG_BURST`` (10)
-lines per ``_LOG_WINDOW`` (10 s), followed by one line counting what was suppressed.
+of a new scope beyond that is refused (a renewal or a release always passes);
+warnings about refused or malformed requests, and about refused reaps, are
+rate-limited to ``_LOG_BURST`` (10) lines per ``_LOG_WINDOW`` (10 s), followed by one
+line counting what was suppressed.
 
 The pipe's path (``TORCHELASTIC_TIMER_FILE``): created as a FIFO.  A stale FIFO of this
 user at that path is replaced (torch's behaviour); any other existing file, or a path
@@ -23,13 +23,21 @@ removes the pipe only if it is still the one it made.
 Server (real adapter): the FIFO is created with mode 0o600 (owner only).  The driver
 loop watches it with ``loop.add_reader`` — it wakes when a client writes, never on a
 timer — and keeps a write end open itself so the pipe does not report end-of-file
-between clients.  Acquires go through a :class:`~elastic.timer.guard.ReapGuard`:
-only this agent's worker pids and the allowed signals; a release is accepted from any
-sender (it can only drop a timer; its sender may already be gone).
+between clients.
 
-A worker that has already exited (gone, or a zombie awaiting its parent) has its timers
-dropped without a signal and without reporting a kill, as torch's ``clear_timers``
-drops the timers of processes no longer running.
+Every well-formed request is accepted and listed by ``get_expired_timers``, whatever
+pid and signal it names, as in torch.  The safety check is in the reap: the default
+``_reap_worker(pid, signal)`` (torch's hook, which tests mock) sends only the allowed
+signals to this agent's workers, through a :class:`~elastic.timer.guard.ReapGuard`;
+anything else — a pid ≤ 0, the server itself, a process that is not one of its
+workers — is logged, not signalled, and its timers are dropped.
+
+A worker that has already exited has its timers dropped without a signal and without
+reporting a kill, as torch's ``clear_timers`` drops the timers of processes no longer
+running.  That check is :meth:`FileTimerServer.is_process_running` (psutil: gone, or a
+zombie awaiting its parent, is not running), made when the worker's timer expires —
+not on every pass, as there are no passes — and through ``self`` so that a subclass or
+a test can replace it, as in torch.
 
 Unlike torch, after reaping a worker the server does **not** send the same signal to its
 own process: it reports the reap (``log_event("kill worker process", request)`` and
@@ -109,6 +117,7 @@ class _RateLimited:
 
 
 _warn = _RateLimited()
+_NOBODY = -(2**63)  # no pid refused by the last _reap_worker (not a valid request pid)
 
 _DEFAULT_SIGNAL = signal_mod.SIGKILL if sys.platform != "win32" else signal_mod.CTRL_C_EVENT  # type: ignore[attr-defined,unused-ignore]
 
@@ -269,6 +278,7 @@ class FileTimerServer:
         # acquires admitted by the running _drain, not yet registered: (worker, scope)
         self._pending: set[tuple[Any, str]] = set()
         self._fifo_id: tuple[int, int] | None = None  # (device, inode) of the pipe we made
+        self._refused = _NOBODY
         self._make_fifo()
 
     def _make_fifo(self) -> None:
@@ -394,22 +404,8 @@ class FileTimerServer:
             self.register_timers(requests)
 
     def _admit(self, request: FileTimerRequest) -> bool:
-        if not self.guard.signal_allowed(request.signal) and request.expiration_time >= 0:
-            _warn.warning(
-                "refusing timer of pid %s: signal %s is not allowed (allowed: %s)",
-                request.worker_pid,
-                request.signal,
-                sorted(self.guard.allowed_signals),
-            )
-            return False
-        # A release passes whoever sent it (as in LocalTimerServer): it can only drop a
-        # timer, never cause a signal, and its sender has often exited (and been reaped,
-        # so it is no one's descendant any more) by the time the line is read.
-        if request.expiration_time >= 0 and not self.guard.pid_allowed(request.worker_pid):
-            _warn.warning(
-                "refusing timer of pid %s: not a worker of this agent", request.worker_pid
-            )
-            return False
+        # Any pid and signal are accepted, as torch does: the guard is applied when the
+        # timer expires, in _reap_worker.  Only the number of live timers is bounded.
         if (
             request.expiration_time >= 0
             and len(self._timers) + len(self._pending) >= MAX_TIMERS
@@ -449,21 +445,20 @@ class FileTimerServer:
 
     @staticmethod
     def is_process_running(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return False
-        return True
+        """True if ``pid`` is a live process: not gone, not a zombie (it ran its last
+        instruction and cannot be reaped again).  psutil; a pid ≤ 0 is no process.
 
-    @staticmethod
-    def _exited(pid: int) -> bool:
-        """Gone, or a zombie: it ran its last instruction and cannot be reaped again."""
-        try:
-            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-        except psutil.Error:
+        The server asks ``self.is_process_running`` when a worker's timer expires; a
+        worker not running has its timers dropped without a reap.
+        """
+        if pid <= 0:
             return False
+        try:
+            return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            return False
+        except psutil.Error:  # exists, but not ours to inspect
+            return True
 
     def set_worker_pids(self, pids: Iterable[int] | None) -> None:
         """Allow only these workers (and descendants); drop timers of the others."""
@@ -481,7 +476,13 @@ class FileTimerServer:
     # reaping (on the loop)
 
     def _reap_worker(self, worker_pid: int, signal: int) -> bool:
-        return self.guard.kill(worker_pid, signal)
+        """Send ``signal`` to the worker, if the guard allows it (else a warning, False)."""
+        why = self.guard.refusal(worker_pid, signal)
+        if why is not None:
+            _warn.warning("refusing to signal pid %s with %s: %s", worker_pid, signal, why)
+            self._refused = worker_pid
+            return False
+        return self.guard.send(worker_pid, signal)
 
     async def _reap(self, worker_id: Any, scope_id: str, expired_at: float) -> bool:
         pid = int(worker_id)
@@ -500,14 +501,16 @@ class FileTimerServer:
         if chosen is None:
             log.info("No signal specified with worker=[%s]. Do not reap it.", pid)
             return True
-        if self._exited(pid):  # torch drops an exited process's timers: no kill to report
+        if not self.is_process_running(pid):  # torch drops an exited process's timers
             log.info("Process with pid=%s does not exist. Skipping", pid)
             return True
-        if not self.guard.pid_allowed(pid):  # not ours (any more): dropped, not signalled
-            log.warning("dropping the timers of pid %s: not a worker of this agent", pid)
-            return True
         log.info("Reaping worker_pid=[%s]. Expired timers: %s", pid, [r.scope_id for r in expired])
+        self._refused = _NOBODY
         if not self._reap_worker(pid, chosen.signal):
+            if self._refused == pid:
+                # the guard refused: retrying would only repeat it, so the timers go
+                self._refused = _NOBODY
+                return True
             return False
         log.info("Successfully reaped worker=[%s] with signal=%s", pid, chosen.signal)
         self._log_event("kill worker process", chosen)

@@ -10,11 +10,16 @@ signal any process it may signal.  :class:`ReapGuard` narrows that down:
   ``/proc``).  Until the agent registers pids, the server's own descendants
   are allowed, which is what a worker group launched by this process is.  Never the
   server's own pid, never pid ≤ 0 (process groups, "everyone").
-* **signals**: only ``allowed_signals`` (default ``{SIGKILL, SIGTERM}``), plus 0
-  ("never reap", torch's meaning) in a request.
+* **signals**: only ``allowed_signals`` (default ``{SIGKILL, SIGTERM}``).
 
-The check runs when a request arrives *and* again right before the signal is sent
-(a pid can be reused in between).  Anything refused is logged and dropped.
+Where it applies: at the *reap*, inside the servers' ``_reap_worker`` (torch's name),
+right before the signal is sent (so a pid reused since the request is checked as it
+is now).  Requests themselves are accepted whatever pid or signal they name, and
+listed by ``get_expired_timers`` as torch lists them: a subclass or a test that
+overrides ``_reap_worker`` sees every expired timer, and only the default
+``_reap_worker`` — the one that calls ``os.kill`` — refuses (a warning, and
+``False``: not reaped).  The servers then drop the refused worker's timers instead of
+retrying it (a refusal does not go away with time).
 """
 
 from __future__ import annotations
@@ -113,10 +118,6 @@ class ReapGuard:
         """Allow exactly these workers (and their descendants); None = server's descendants."""
         self._worker_pids = None if pids is None else frozenset(int(p) for p in pids)
 
-    def signal_allowed(self, sig: int) -> bool:
-        """0 (never reap) or one of ``allowed_signals``."""
-        return sig == 0 or sig in self.allowed_signals
-
     def pid_allowed(self, pid: int) -> bool:
         """True if ``pid`` is a registered worker or a descendant of one (see module doc)."""
         if pid <= 0 or pid == self._server_pid:
@@ -127,21 +128,24 @@ class ReapGuard:
         anchors = roots if roots is not None else frozenset({self._server_pid})
         return _has_ancestor(pid, anchors)
 
-    def kill(self, pid: int, sig: int) -> bool:
-        """Send ``sig`` to ``pid`` if allowed.  True when the worker is dealt with.
-
-        A process that is already gone counts as reaped (torch's rule); a refused
-        pid or signal also returns True, so its timers are dropped, not retried.
-        False only when ``os.kill`` failed for another reason (retry later).
-        """
-        if not self.signal_allowed(sig) or sig == 0:
-            log.warning("refusing to send signal %s to pid %s: not an allowed signal", sig, pid)
-            return True
+    def refusal(self, pid: int, sig: int) -> str | None:
+        """Why ``sig`` may not be sent to ``pid`` (a phrase for a log line), or None."""
+        if sig not in self.allowed_signals:
+            return f"signal {sig} is not allowed (allowed: {sorted(self.allowed_signals)})"
+        if pid <= 0:
+            return "a pid <= 0 names a process group or every process, not a worker"
+        if pid == self._server_pid:
+            return "it is the timer server's own process"
         if not self.pid_allowed(pid):
-            log.warning(
-                "refusing to signal pid %s: not a worker of this agent (or already gone)", pid
-            )
-            return True
+            return "not a worker of this agent (nor a descendant of one)"
+        return None
+
+    def send(self, pid: int, sig: int) -> bool:
+        """``os.kill(pid, sig)`` with torch's outcome: True when sent or already gone.
+
+        False when ``os.kill`` failed for another reason (the caller retries later).
+        Call :meth:`refusal` first: this does no check of its own.
+        """
         try:
             os.kill(pid, sig)
         except ProcessLookupError:

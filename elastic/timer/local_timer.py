@@ -3,8 +3,13 @@
 :class:`LocalTimerClient` puts plain tuples ``(pid, scope_id, expiration_time)`` on the
 queue (no custom classes cross the process boundary, so nothing but builtins is ever
 unpickled from it); :class:`LocalTimerServer` validates each message, keeps the timers
-in a :class:`~elastic.timer.table.TimerTable` and reaps expired workers with SIGKILL
-through a :class:`~elastic.timer.guard.ReapGuard` (only this agent's workers).
+in a :class:`~elastic.timer.table.TimerTable` and reaps expired workers with SIGKILL.
+
+Every well-formed request is accepted and listed by ``get_expired_timers``, whatever
+pid it names (torch's tests use ids like -1).  The safety check is in the reap:
+``_reap_worker`` signals only this agent's workers, through a
+:class:`~elastic.timer.guard.ReapGuard`; anything else is logged, not signalled, and
+its timers are dropped.
 
 The server is event-driven: one reader thread blocks on ``queue.get()`` (a
 ``multiprocessing`` queue has no selectable handle, so a thread is the honest way to
@@ -39,6 +44,7 @@ MAX_SCOPE_LEN = 1024
 """Longest scope id accepted (a ``file#line`` is far shorter)."""
 
 _STOP = ("__elastic_timer_stop__",)
+_NOBODY = object()  # no worker refused by the last _reap_worker
 
 
 def parse_message(msg: object) -> TimerRequest | None:
@@ -115,6 +121,10 @@ class LocalTimerServer(TimerServer):
     reap signal is SIGKILL as in torch) and ``on_reap`` (called with a
     :class:`~elastic.timer.guard.Reaped` from the server thread after each reap).
     ``set_worker_pids`` narrows the pids it may signal (see :mod:`elastic.timer.guard`).
+
+    Every request is accepted; ``_reap_worker`` (torch's hook, which tests mock) is
+    where the guard refuses a pid ≤ 0, the server itself or a process that is not one
+    of its workers: a warning, ``False``, and the worker's timers are dropped.
     """
 
     def __init__(
@@ -135,6 +145,7 @@ class LocalTimerServer(TimerServer):
             type(self).__name__, self._reap, max_interval, self._table, daemon
         )
         self._reader: threading.Thread | None = None
+        self._refused: object = _NOBODY
 
     # torch's storage API (thread-safe while running)
 
@@ -167,13 +178,28 @@ class LocalTimerServer(TimerServer):
         return out
 
     def _reap_worker(self, worker_id: Any) -> bool:
-        return self.guard.kill(int(worker_id), signal.SIGKILL)
+        """SIGKILL the worker, if it is one of this agent's (else a warning and False)."""
+        if type(worker_id) is not int:
+            why: str | None = f"the worker id {worker_id!r} is not a pid"
+        else:
+            why = self.guard.refusal(worker_id, signal.SIGKILL)
+        if why is not None:
+            log.warning("refusing to signal pid %s: %s", worker_id, why)
+            self._refused = worker_id
+            return False
+        return self.guard.send(worker_id, signal.SIGKILL)
 
     async def _reap(self, worker_id: Any, scope_id: str, expired_at: float) -> bool:
+        self._refused = _NOBODY
         done = self._reap_worker_no_throw(worker_id)
-        if done and self._on_reap is not None:
+        if not done and self._refused is worker_id:
+            # the guard refused it: retrying would only repeat the refusal, so its
+            # timers are dropped (nothing was reaped: nothing is reported)
+            self._refused = _NOBODY
+            return True
+        if done and self._on_reap is not None and type(worker_id) is int:
             try:
-                self._on_reap(Reaped(int(worker_id), scope_id, expired_at, int(signal.SIGKILL)))
+                self._on_reap(Reaped(worker_id, scope_id, expired_at, int(signal.SIGKILL)))
             except Exception:
                 log.exception("on_reap callback failed")
         return done
@@ -222,11 +248,6 @@ class LocalTimerServer(TimerServer):
                 return
             request = parse_message(msg)
             if request is None:
-                continue
-            if request.expiration_time >= 0 and not self.guard.pid_allowed(request.worker_id):
-                log.warning(
-                    "refusing timer for pid %s: not a worker of this agent", request.worker_id
-                )
                 continue
             self._core.submit([request])
 

@@ -67,6 +67,10 @@ class TimerTable(Generic[R]):
     def __len__(self) -> int:
         return len(self._timers)
 
+    def __contains__(self, key: object) -> bool:
+        """``(worker_id, scope_id) in table``, as on torch's ``_timers`` dict."""
+        return isinstance(key, tuple) and key in self._timers
+
     def register(self, requests: Iterable[R]) -> None:
         """Apply acquire (expiration ≥ 0) and release (expiration < 0) requests in order."""
         for request in requests:
