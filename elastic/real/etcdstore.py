@@ -46,6 +46,34 @@ own client has the same window for non-idempotent requests): a retried ``set``,
 
 ``grpc`` and the etcd protobufs (from ``aetcd``) are imported by :meth:`connect`, not
 by this module, so ``elastic run`` with another backend never pays for them.
+
+Fork
+----
+A process forked without exec (``multiprocessing``'s ``fork`` context running
+``elastic.run.main``, say) inherits the parent's clients, the shared loop and gRPC's
+state, but none of their threads: the loop thread and gRPC's completion-queue poller
+are gone, and the first call in the child used to wait forever (or crash).  gRPC's own
+fork support (``GRPC_ENABLE_FORK_SUPPORT``, off by default in grpcio 1.85) does not
+help: it manages the synchronous stack only, not ``grpc.aio`` channels or the aio
+poller, and gRPC core skips its fork handlers while that poller is inside gRPC.  So:
+
+* :meth:`EtcdStoreClient.aclose` frees its channels at once (not when the collector
+  breaks the client's reference cycles), so gRPC stops its poller thread when the last
+  client closes; a fork after that is clean, and the child connects as any process.
+* ``os.register_at_fork`` hooks: ``before`` (in the parent, a few µs) notes whether
+  gRPC's aio poller runs; ``after_in_child``, every open client sets its channels,
+  keep-alive and per-key locks aside — kept referenced and never touched, since
+  closing or freeing them calls into threads that do not exist — and forgets the
+  parent's leases (the parent still owns them); the process-wide loop of
+  :func:`elastic.real.rdzv_context.shared_loop` is set aside the same way by that
+  module's own hook, and the next use starts a new one.
+  A client then reconnects on first use.
+* If gRPC's poller was running at the fork (a client of the parent was open), gRPC
+  cannot be used in the child at all: its epoll set is shared with the parent, and
+  reviving it would let the child take the parent's events (a hang or a crash of the
+  *parent*).  Then the first call raises a :class:`~elastic.errors.StoreError`
+  saying so, at once, instead of hanging: close the clients before forking, or use
+  the ``spawn``/``forkserver`` start method.
 """
 
 from __future__ import annotations
@@ -54,7 +82,10 @@ import asyncio
 import contextlib
 import heapq
 import math
+import os
 import random
+import threading
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -67,6 +98,7 @@ from elastic.store import Lease
 __all__ = ["EtcdLease", "EtcdStoreClient", "parse_endpoint", "shared_loop"]
 
 T = TypeVar("T")
+
 
 # etcd's default --max-txn-ops: a multi_set above it cannot be one revision
 MAX_TXN_OPS = 128
@@ -165,6 +197,47 @@ def _grpc() -> _Grpc:
     if _GRPC is None:
         _GRPC = _Grpc()
     return _GRPC
+
+
+# -- fork (see the module docstring) -------------------------------------------------
+
+_clients: weakref.WeakSet[EtcdStoreClient] = weakref.WeakSet()  # open clients
+_set_aside: list[object] = []  # what a forked child inherited: referenced, never touched
+_poller_at_fork = False  # gRPC aio's poller thread ran when this process last forked
+_grpc_lost_in_fork = False  # this process is a child forked while that poller ran
+
+GRPC_AFTER_FORK = (
+    "this process was forked while its parent had an etcd (gRPC) client open; gRPC "
+    "cannot be used in such a child (its threads and epoll set belong to the parent): "
+    "close the parent's etcd clients before forking, or start this process with the "
+    "'spawn' or 'forkserver' start method"
+)
+
+
+def _grpc_aio_poller_running() -> bool:
+    """True if gRPC aio's completion-queue poller thread runs in this process."""
+    for t in threading.enumerate():
+        owner = getattr(getattr(t, "_target", None), "__self__", None)
+        if type(owner).__name__ == "PollerCompletionQueue":
+            return True
+    return False
+
+
+def _before_fork() -> None:
+    global _poller_at_fork
+    # only a process that made channels here can have a poller of ours
+    _poller_at_fork = _GRPC is not None and _grpc_aio_poller_running()
+
+
+def _after_fork_in_child() -> None:
+    global _grpc_lost_in_fork
+    _grpc_lost_in_fork = _grpc_lost_in_fork or _poller_at_fork
+    for client in list(_clients):
+        client._set_aside_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 class _Endpoint:
@@ -359,7 +432,9 @@ class EtcdStoreClient:
         self._g = _grpc()
         self._clock: AsyncioClock = AsyncioClock()
         self._prefix = b"/elastic/"
-        self._endpoints: list[_Endpoint] = []
+        self._endpoints: list[_Endpoint] = []  # empty: (re)connect on first use
+        self._names: list[str] = []
+        self._credentials: Any = None
         self._current = 0
         self._read_timeout = 60.0
         self._closed = False
@@ -424,9 +499,26 @@ class EtcdStoreClient:
                 private_key=pem(key, "key"),
                 certificate_chain=pem(cert, "cert"),
             )
-        self._endpoints = [_Endpoint(n, self._g, credentials) for n in names]
+        self._names, self._credentials = names, credentials
+        self._open_channels()
         await self._first_contact(min(self._read_timeout, 5.0))
+        _clients.add(self)
         return self
+
+    def _open_channels(self) -> None:
+        if _grpc_lost_in_fork:
+            raise StoreError(f"etcd at {', '.join(self._names)}: {GRPC_AFTER_FORK}")
+        self._endpoints = [_Endpoint(n, self._g, self._credentials) for n in self._names]
+
+    def _set_aside_after_fork(self) -> None:
+        """In a forked child: drop what the parent's threads own, without touching it."""
+        if self._closed:
+            return
+        _set_aside.append((self._endpoints, self._keeper, self._add_locks, self._granted))
+        self._endpoints = []
+        self._keeper = _KeepAlive(self)
+        self._add_locks = {}
+        self._granted = {}  # the parent's leases: the parent renews or revokes them
 
     async def _first_contact(self, per_endpoint: float) -> None:
         """Ask every endpoint at once; start on the first that answers (a dead member
@@ -475,13 +567,17 @@ class EtcdStoreClient:
             for lease in list(self._granted.values()):
                 await lease.revoke()
         self._closed = True
+        _clients.discard(self)
         await self._keeper.aclose()
         for ep in self._endpoints:
             await ep.channel.close()
+        # freed now, not when the collector finds the client's cycles: gRPC stops its
+        # poller thread once no channel is left, and a fork after that is clean
+        self._endpoints = []
 
     @property
     def endpoints(self) -> list[str]:
-        return [ep.name for ep in self._endpoints]
+        return list(self._names)
 
     @property
     def prefix(self) -> str:
@@ -489,6 +585,9 @@ class EtcdStoreClient:
 
     # -- plumbing ---------------------------------------------------------------------
     def _ep(self) -> _Endpoint:
+        if not self._endpoints:  # after a fork: reconnect, on the loop that uses us now
+            self._check_open()
+            self._open_channels()
         return self._endpoints[self._current]
 
     def _rotate_from(self, ep: _Endpoint) -> None:

@@ -43,6 +43,24 @@ _stores: dict[tuple[str, str, int], Store] = {}
 _local_ids = itertools.count()
 
 
+_set_aside: list[LoopThread] = []  # a forked child's inherited loop: never touched
+
+
+def _after_fork_in_child() -> None:
+    # the loop's thread does not exist in a child forked without exec, and the lock may
+    # have been held by a thread of the parent: a new loop starts on next use (the old
+    # one stays referenced, never closed: closing would wait for the missing thread)
+    global _lock, _loop
+    if _loop is not None:
+        _set_aside.append(_loop)
+    _loop = None
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def shared_loop() -> LoopThread:
     """The process-wide loop thread of torch-style handlers (started on first use)."""
     global _loop

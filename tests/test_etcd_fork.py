@@ -1,0 +1,115 @@
+"""etcd and ``fork``: a child forked after its parent used etcd works, or says why at once.
+
+gRPC's threads do not survive ``fork``: a child that used the etcd client inherited
+from its parent (or the shared loop, or gRPC's poller) used to hang.  See "Fork" in
+:mod:`elastic.real.etcdstore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import uuid
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from elastic.errors import StoreError
+from elastic.real.clock import AsyncioClock
+from elastic.real.etcdstore import EtcdStoreClient, shared_loop
+from tests.etcd_servers import BINARIES, EtcdCluster, etcd_binary
+from tests.leftovers import no_leftover_processes
+
+pytestmark = pytest.mark.timeout(120)
+
+CHILD_JOIN = 60.0  # seconds; a child that hangs fails the test instead of the run
+
+
+@pytest.fixture(scope="module", params=BINARIES)
+def etcd(request: pytest.FixtureRequest) -> Iterator[EtcdCluster]:
+    with EtcdCluster(etcd_binary(str(request.param)), members=1) as cluster:
+        yield cluster
+
+
+def _is_mp_helper(p: psutil.Process) -> bool:
+    try:
+        return any("resource_tracker" in part for part in p.cmdline())
+    except psutil.Error:
+        return True
+
+
+async def _connect(endpoints: list[str], prefix: str) -> EtcdStoreClient:
+    return await EtcdStoreClient.connect(endpoints, prefix=prefix, clock=AsyncioClock())
+
+
+async def _set_get(endpoints: list[str], prefix: str, key: str, value: bytes) -> bytes:
+    client = await _connect(endpoints, prefix)
+    try:
+        await client.set(key, value)
+        return await client.get(key, timeout=10)
+    finally:
+        await client.aclose()
+
+
+def _child_connects_anew(endpoints: list[str], prefix: str) -> None:
+    assert asyncio.run(_set_get(endpoints, prefix, "child", b"c")) == b"c"
+
+
+def _child_uses_the_inherited_client(client: EtcdStoreClient) -> None:
+    try:
+        shared_loop().run(client.get("parent", timeout=10))
+    except StoreError as e:
+        assert "forked" in str(e) and "spawn" in str(e), e
+        return
+    raise AssertionError("the inherited client answered in a child forked mid-use")
+
+
+def _fork_and_join(target: object, *args: object) -> int | None:
+    p = mp.get_context("fork").Process(target=target, args=args)  # type: ignore[arg-type]
+    p.start()
+    p.join(CHILD_JOIN)
+    if p.is_alive():  # hung: do not leave it behind
+        p.kill()
+        p.join()
+        return None
+    return p.exitcode
+
+
+def test_a_child_forked_after_the_parent_closed_its_client_uses_etcd(
+    etcd: EtcdCluster,
+) -> None:
+    prefix = f"/test/{uuid.uuid4().hex}/"
+    # the parent uses etcd on the shared loop (torch's API does), and closes its client
+    got = shared_loop().run(_set_get(etcd.endpoints, prefix, "parent", b"p"))
+    assert got == b"p"
+    with no_leftover_processes(ignore=_is_mp_helper):
+        assert _fork_and_join(_child_connects_anew, etcd.endpoints, prefix) == 0
+    # the child's write is there, and the parent still works
+    assert shared_loop().run(_set_get(etcd.endpoints, prefix, "parent2", b"p2")) == b"p2"
+
+    async def read_child() -> bytes:
+        client = await _connect(etcd.endpoints, prefix)
+        try:
+            return await client.get("child", timeout=10)
+        finally:
+            await client.aclose()
+
+    assert shared_loop().run(read_child()) == b"c"
+
+
+def test_a_child_forked_while_the_parent_holds_a_client_fails_at_once_not_hangs(
+    etcd: EtcdCluster,
+) -> None:
+    prefix = f"/test/{uuid.uuid4().hex}/"
+    loop = shared_loop()
+    client = loop.run(_connect(etcd.endpoints, prefix))
+    try:
+        loop.run(client.set("parent", b"p"))
+        with no_leftover_processes(ignore=_is_mp_helper):
+            assert _fork_and_join(_child_uses_the_inherited_client, client) == 0
+        # the parent's client, loop and gRPC state are untouched by the child
+        loop.run(client.set("parent", b"p2"))
+        assert loop.run(client.get("parent", timeout=10)) == b"p2"
+    finally:
+        loop.run(client.aclose())
