@@ -22,16 +22,20 @@ driver) the report says ``NVML not available: CPU only``; log it once with
 :func:`say_once`.
 
 ``pynvml`` is imported inside the functions, so importing this module costs nothing on a
-CPU-only host and tests can put a fake module in ``sys.modules``.  torch is never
-imported: the count for ``--nproc-per-node gpu`` comes from NVML and
-``CUDA_VISIBLE_DEVICES`` (:func:`visible_device_count`).
+CPU-only host and tests can put a fake module in ``sys.modules``.  The count for
+``--nproc-per-node gpu`` comes from NVML and ``CUDA_VISIBLE_DEVICES``
+(:func:`visible_device_count`), without torch.  Only where NVML finds nothing (a ROCm or
+XPU host, or no NVML) does the launcher ask torch, through :func:`torch_devices`, which
+imports torch only then, and only if it is installed.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,9 +48,11 @@ __all__ = [
     "NVML_UNAVAILABLE",
     "GpuHealth",
     "NodeGpuReport",
+    "TorchDevices",
     "check_node_health",
     "device_count",
     "say_once",
+    "torch_devices",
     "visible_device_count",
 ]
 
@@ -333,3 +339,63 @@ def check_node_health(
     unknown = sorted({u.split(":")[0] for g in gpus for u in g.unknown})
     note = f" (not checked, unsupported: {', '.join(unknown)})" if unknown else ""
     return NodeGpuReport(True, gpus, expected_devices, True, f"{len(gpus)} GPU(s) healthy{note}")
+
+
+@dataclass(frozen=True, slots=True)
+class TorchDevices:
+    """What torch says of one kind of device: how many, of which type, or why none.
+
+    ``count`` is 0 when torch says the kind is not available (``why`` says so, in torch's
+    words where it has them, e.g. ``Cuda is not available.``).
+    """
+
+    count: int
+    type: str
+    why: str = ""
+
+
+# torch's own words when a kind is not available (torch.distributed.run)
+_NOT_AVAILABLE = {"cuda": "Cuda is not available.", "xpu": "Xpu is not available."}
+
+
+def _torch() -> ModuleType | None:
+    """torch: the module already imported, else imported now if installed, else None."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch
+    try:
+        if importlib.util.find_spec("torch") is None:
+            return None
+        return importlib.import_module("torch")
+    except (ImportError, ValueError) as e:
+        logger.warning("torch is installed but cannot be imported: %s", e)
+        return None
+
+
+def torch_devices(kind: str) -> TorchDevices | None:
+    """How many devices torch sees of ``kind``: ``"cuda"`` (ROCm's GPUs too), ``"xpu"``, or
+    ``"accelerator"`` (``torch.accelerator``'s current one, whatever its type); None when
+    torch is not installed.
+
+    torchrun's sources for ``--nproc-per-node gpu``, ``xpu`` and ``auto``.  Imports torch
+    when it is not imported yet (a second or so), so the launcher asks only where NVML
+    found nothing.  A torch too old for ``kind``, or one failing to answer, counts as
+    "not available" (logged).
+    """
+    torch = _torch()
+    if torch is None:
+        return None
+    try:
+        if kind == "accelerator":
+            acc = getattr(torch, "accelerator", None)
+            if acc is None or not acc.is_available():
+                return TorchDevices(0, kind, "torch.accelerator is not available.")
+            current = acc.current_accelerator()
+            return TorchDevices(int(acc.device_count()), str(getattr(current, "type", kind)))
+        mod = getattr(torch, kind, None)
+        if mod is None or not mod.is_available():
+            return TorchDevices(0, kind, _NOT_AVAILABLE.get(kind, f"{kind} is not available."))
+        return TorchDevices(int(mod.device_count()), kind)
+    except Exception as e:  # a broken driver or runtime: the same as none for a count
+        logger.warning("torch could not count its %s devices: %s", kind, e)
+        return TorchDevices(0, kind, f"torch could not count its {kind} devices: {e}")

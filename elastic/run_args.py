@@ -539,11 +539,17 @@ def determine_local_world_size(
     nproc_per_node: str,
     gpu_count: Callable[[], int] | None = None,
     cpu_count: Callable[[], int] | None = None,
+    torch_count: Callable[[str], Any] | None = None,
 ) -> int:
-    """Workers per node from ``--nproc-per-node``: an integer ≥ 1, cpu, gpu or auto.
+    """Workers per node from ``--nproc-per-node``: an integer ≥ 1, cpu, gpu, xpu or auto.
 
-    ``gpu_count``/``cpu_count`` default to :func:`elastic.gpu.visible_device_count` and
-    the CPUs this process may use; tests pass their own.
+    ``gpu`` counts NVML's GPUs (:func:`elastic.gpu.visible_device_count`, no torch); where
+    NVML finds none it asks torch (``torch.cuda``: ROCm's GPUs too).  ``xpu`` asks torch
+    (``torch.xpu``).  ``auto`` is NVML's GPUs, else torch's current accelerator, else the
+    CPUs.  torch is asked only where the answer needs it, and only if it is installed
+    (:func:`elastic.gpu.torch_devices`).  ``gpu_count``/``cpu_count``/``torch_count``
+    replace those sources (tests); a caller giving ``gpu_count`` and no ``torch_count``
+    gets no answer from torch.
     """
     cpus = cpu_count or _cpu_count
     where = "--nproc-per-node"
@@ -556,28 +562,48 @@ def determine_local_world_size(
         if n < 1:
             raise ConfigError(where, f"got {n}; expected a number of workers >= 1")
         return n
-    if gpu_count is None:  # imported only when asked for: a launch with a number needs none
-        from elastic.gpu import visible_device_count
+    expected = "expected an integer >= 1, cpu, gpu, xpu or auto"
+    if value not in ("cpu", "gpu", "xpu", "auto"):
+        raise ConfigError(where, f"got {nproc_per_node!r}; {expected}")
+    # imported only when asked for: a launch with a number needs none
+    if gpu_count is None:
+        from elastic.gpu import torch_devices, visible_device_count
 
         gpu_count = visible_device_count
+        torch_count = torch_count or torch_devices
+
+    def ask_torch(kind: str) -> tuple[int, str, str]:
+        """(count, device type, why none) from torch, or 0 and why when it is not asked."""
+        if torch_count is None:
+            return 0, kind, "torch was not asked"
+        found = torch_count(kind)
+        if found is None:
+            return 0, kind, "torch is not installed"
+        return int(found.count), str(found.type), str(found.why)
+
     if value == "cpu":
         n, kind = cpus(), "CPUs"
     elif value == "gpu":
         n, kind = gpu_count(), "GPUs"
         if n == 0:
-            raise ConfigError(
-                where,
-                "got 'gpu' but no GPU is visible (NVML not available, no GPU, or "
-                "CUDA_VISIBLE_DEVICES hides them all); expected an integer, cpu or auto",
-            )
-    elif value == "auto":
+            n, _, why = ask_torch("cuda")
+            if n == 0:
+                raise ConfigError(
+                    where,
+                    f"got 'gpu' but no GPU is visible (NVML found none, or "
+                    f"CUDA_VISIBLE_DEVICES hides them all; {why}); {expected}",
+                )
+    elif value == "xpu":
+        n, _, why = ask_torch("xpu")
+        kind = "XPUs"
+        if n == 0:
+            raise ConfigError(where, f"got 'xpu' but no XPU is visible ({why}); {expected}")
+    else:  # auto
         n, kind = gpu_count(), "GPUs"
         if n == 0:
+            n, kind, _ = ask_torch("accelerator")
+        if n == 0:
             n, kind = cpus(), "CPUs"
-    else:
-        raise ConfigError(
-            where, f"got {nproc_per_node!r}; expected an integer >= 1, cpu, gpu or auto"
-        )
     logger.info(
         "Using nproc_per_node=%s, setting nproc_per_node to %s since the instance has %s %s",
         value,

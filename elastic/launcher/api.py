@@ -21,10 +21,21 @@ agent's own process for one node, else the agent-hosted network store (``c10d``,
 the other agents left (at most the close timeout).  An agent stopped by a signal
 revokes its lease on the way out, so the others re-form at once instead of a lease's
 time-to-live later.
+
+As in torch, ``LocalElasticAgent`` and ``events`` are names of this module, looked up
+when a launch needs them (imported on first use, so that ``fqdn`` costs no agent
+import), which is where torch's tests patch them.  The agent runs as
+``await agent.run_async()`` while its ``run`` is elastic's own; an agent whose ``run``
+was overridden or patched is run the way torch runs it, ``agent.run()``, on this thread
+(the event loop, and a store this agent hosts, wait for it).  Likewise the rendezvous is
+closed with ``await shutdown_async()`` unless the handler's ``shutdown`` is someone
+else's, which is then called as torch calls it, in a thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import os
 import shutil
@@ -49,6 +60,39 @@ if TYPE_CHECKING:
     from elastic.rendezvous.api import RendezvousHandler, RendezvousParameters
 
 logger = logging.getLogger(__name__)
+
+
+def __getattr__(name: str) -> Any:
+    """``LocalElasticAgent`` and ``events``, imported and kept as module globals on first
+    use; a test's ``mock.patch`` replaces the global and, on exit, this brings it back."""
+    value: Any
+    if name == "LocalElasticAgent":
+        from elastic.agent.server import local_elastic_agent
+
+        value = local_elastic_agent.LocalElasticAgent
+    elif name == "events":
+        import elastic.events
+
+        value = elastic.events
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def _module_name(name: str) -> Any:
+    """The current value of a lazy name of this module (a patch, if one is in place).
+
+    A function's global lookup never reaches the module's ``__getattr__``, hence this.
+    """
+    return globals()[name] if name in globals() else __getattr__(name)
+
+
+def _elastics_own(method: Any) -> bool:
+    """Whether a bound method is one elastic defines (not a subclass's, nor a mock)."""
+    func = getattr(method, "__func__", None)
+    module = getattr(func, "__module__", None)
+    return isinstance(module, str) and module.startswith("elastic.")
 
 
 class LaunchError(ElasticError):
@@ -134,19 +178,32 @@ def fqdn() -> str:
 
 
 async def _shutdown(handler: Any) -> None:
-    """torch's ``shutdown()``: close the rendezvous for every node (best effort)."""
+    """torch's ``shutdown()``: close the rendezvous for every node (best effort).
+
+    Elastic's own ``shutdown`` is the face of ``shutdown_async``, awaited here; any other
+    (a torch-style handler's, a subclass's, a mock's) is called as torch calls it, in a
+    thread so that a store hosted on this loop can answer it.
+    """
     try:
-        await handler.shutdown_async()
+        shutdown = getattr(handler, "shutdown", None)
+        if shutdown is None or _elastics_own(shutdown):
+            await handler.shutdown_async()
+        else:
+            await asyncio.to_thread(shutdown)
     except (StoreError, TimeoutError, OSError) as e:
         logger.warning("Could not close the rendezvous (its store failed): %s", e)
 
 
 async def _leave(handler: Any) -> None:
+    """Leave the rendezvous without closing it (elastic's handlers; torch's have no such
+    method, and a handler whose ``leave_async`` gives nothing to await is left alone)."""
     leave = getattr(handler, "leave_async", None)
     if leave is None:
         return
     try:
-        await leave()
+        left = leave()
+        if inspect.isawaitable(left):
+            await left
     except Exception as e:  # the store may be gone too; leaving is best effort
         logger.warning("Could not leave the rendezvous cleanly: %s", e)
 
@@ -297,8 +354,7 @@ async def _run_on_store(
 ) -> dict[int, Any]:
     """Build the handler and the agent on the opened store, run the agent, and turn its
     result into the workers' return values or the error to raise."""
-    from elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
+    agent_class = _module_name("LocalElasticAgent")
     handler = _rendezvous_handler(config, params, opened, clock, node_id)
     spec = _worker_spec(config, entrypoint, args, handler)
     logs_specs = _logs_specs(config)
@@ -309,7 +365,7 @@ async def _run_on_store(
     # torch puts this in the agent's os.environ, whence every worker inherits it
     extra_env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     try:
-        agent = LocalElasticAgent(
+        agent = agent_class(
             spec,
             logs_specs,
             start_method=config.start_method,
@@ -441,11 +497,10 @@ def _recorder(config: LaunchConfig, run_id: str) -> EventSink | None:
 def _record_agent_status(config: LaunchConfig, event: Callable[[], Any]) -> None:
     """torch's launch_agent records the agent's own status event to ``--event-log-handler``
     once per run, after it (the default handler, ``null``, drops it), through
-    ``elastic.events.record`` -- where torch's tests and users' hooks look for it."""
-    import elastic.events
-
+    ``events.record`` of this module (``elastic.events``) -- where torch's tests and users'
+    hooks look for it."""
     try:
-        elastic.events.record(event(), config.event_log_handler)
+        _module_name("events").record(event(), config.event_log_handler)
     except Exception:
         # a failing handler must not hide the run's own outcome (or exception)
         logger.exception("could not record the agent's status event")
@@ -481,7 +536,11 @@ async def _run_agent(agent: LocalElasticAgent, handler: RendezvousHandler) -> Ru
     from elastic.agent.server.local_elastic_agent import SignalException
 
     try:
-        result = await agent.run_async()
+        run = getattr(agent, "run", None)
+        if run is None or _elastics_own(run):
+            result = await agent.run_async()
+        else:  # overridden or patched: torch's call, on this (the main) thread
+            result = run()
     except SignalException:
         # torch keeps the rendezvous open for a restart of this node; the others
         # learn at once that this one left (its lease is revoked), not a ttl later
