@@ -166,3 +166,36 @@ def test_importing_torchs_modules_loads_no_grpc() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["etcd", "etcd-v2"])
+def test_an_agent_run_on_its_own_loop_drives_a_handler_whose_store_lives_on_another(
+    server: EtcdServer, backend: str, tmp_path: Path
+) -> None:
+    # torch's pattern: the handler from the registry (its etcd store opened on the shared
+    # loop thread), then LocalElasticAgent(spec).run() on a fresh loop of its own
+    from elastic.agent.server.api import WorkerSpec, WorkerState
+    from elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from elastic.multiprocessing.api import DefaultLogsSpecs
+    from elastic.rendezvous import RendezvousParameters
+    from elastic.rendezvous.registry import get_rendezvous_handler
+    from tests.leftovers import no_leftover_processes
+
+    params = RendezvousParameters(
+        backend=backend,
+        endpoint=server.get_endpoint(),
+        run_id=f"own-loop-{backend}",
+        min_nodes=1,
+        max_nodes=1,
+    )
+    spec = WorkerSpec(
+        role="r",
+        local_world_size=2,
+        entrypoint=sys.executable,
+        args=("-c", "import os; assert os.environ['WORLD_SIZE'] == '2'"),
+        rdzv_handler=get_rendezvous_handler(params),
+    )
+    with no_leftover_processes():
+        result = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path))).run()
+    assert result is not None and result.state == WorkerState.SUCCEEDED, result

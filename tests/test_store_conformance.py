@@ -3,17 +3,24 @@
 :mod:`elastic.testing.store` holds the checks; this module runs each of them against
 each store: the in-memory store on asyncio and on simpy, the simulator's per-node client
 (through its store host), the network client against a real server on loopback, with
-and without a token, and the store over torch's one-blob backend contract on both.  A
+and without a token, the store over torch's one-blob backend contract on both, and the
+in-memory and network stores living on a loop thread, used from another loop.  A
 new store implementation adds a harness here.
 """
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 
 from elastic.clock import Clock
 from elastic.memstore import MemoryStore
 from elastic.real.clock import AsyncioClock
+from elastic.real.home_loop_store import HomeLoopStore
+from elastic.real.loop_thread import LoopThread
 from elastic.real.netstore import NetStoreClient, StoreServer
 from elastic.rendezvous.backend_store import BackendStore
 from elastic.store import Store
@@ -23,6 +30,8 @@ from sim.store import SimStoreHost
 from tests.worlds import run_in
 
 pytestmark = pytest.mark.timeout(60)
+
+T = TypeVar("T")
 
 
 class MemoryHarness:
@@ -130,8 +139,50 @@ class BackendHarness:
             store.close()
 
 
+class HomeLoopHarness:
+    """Another harness's stores living on a loop thread (as torch-style handlers' stores
+    do), each used from the test's own loop through :class:`HomeLoopStore`."""
+
+    def __init__(self, net: bool) -> None:
+        self.home = LoopThread(name="conformance-home")
+        self.net = net
+        self.inner: StoreHarness | None = None
+
+    async def start(self, clock: AsyncioClock) -> HomeLoopHarness:
+        net = self.net
+
+        async def make() -> StoreHarness:
+            if net:
+                return await NetHarness(AsyncioClock(), None).start()
+            return MemoryHarness(AsyncioClock(), exact=False)
+
+        self.inner = await _home(self.home, make)
+        self.unit, self.slack = self.inner.unit, self.inner.slack + 0.02
+        return self
+
+    async def open(self) -> Store:
+        assert self.inner is not None
+        return HomeLoopStore(await _home(self.home, self.inner.open), self.home.loop)
+
+    async def close(self, store: Store) -> None:
+        assert self.inner is not None and isinstance(store, HomeLoopStore)
+        inner, harness = store.inner, self.inner
+        await _home(self.home, lambda: harness.close(inner))
+
+    async def teardown(self) -> None:
+        if self.inner is not None:
+            await _home(self.home, self.inner.teardown)
+        await asyncio.to_thread(self.home.close)
+
+
+async def _home(home: LoopThread, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make(), home.loop))
+
+
 BACKENDS = (
     "memory-real",
+    "memory-home",
+    "net-home",
     "memory-sim",
     "simclient-sim",
     "net",
@@ -152,6 +203,8 @@ async def _harness(backend: str, clock: Clock) -> StoreHarness:
         assert isinstance(clock, SimClock)
         return SimClientHarness(clock)
     assert isinstance(clock, AsyncioClock)
+    if backend.endswith("-home"):
+        return await HomeLoopHarness(net=backend == "net-home").start(clock)
     return await NetHarness(clock, "s3cret" if backend == "net-token" else None).start()
 
 

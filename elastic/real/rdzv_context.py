@@ -24,6 +24,7 @@ import threading
 from elastic.errors import StoreError
 from elastic.memstore import MemoryStore
 from elastic.real.clock import AsyncioClock
+from elastic.real.home_loop_store import HomeLoopStore
 from elastic.real.loop_thread import LoopThread
 from elastic.real.rdzv_store import _resolve, matches_this_machine
 from elastic.rendezvous.api import (
@@ -101,7 +102,7 @@ def default_context(params: RendezvousParameters) -> RendezvousContext:
         key = (params.backend, host, port)
         store = _stores.get(key)
         if store is None and in_process:
-            store = _stores[key] = MemoryStore(clock)
+            store = _stores[key] = HomeLoopStore(MemoryStore(clock), loop.loop)
     if store is None:
         from elastic.real.rdzv_store import open_rendezvous_store
 
@@ -117,7 +118,8 @@ def default_context(params: RendezvousParameters) -> RendezvousContext:
                 f"reached: {e}"
             ) from None
         with _lock:
-            store = _stores.setdefault(key, opened.store)
+            # usable from any loop: torch's agent.run() drives the handler from its own
+            store = _stores.setdefault(key, HomeLoopStore(opened.store, loop.loop))
     addr = params.local_addr or fqdn()
     return RendezvousContext(
         store=store,
