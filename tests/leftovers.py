@@ -20,7 +20,7 @@ import psutil
 
 from elastic.real import proctree
 
-__all__ = ["gone", "no_leftover_processes"]
+__all__ = ["gone", "is_mp_helper", "no_leftover_processes"]
 
 
 def gone(pid: int) -> bool:
@@ -33,6 +33,15 @@ def gone(pid: int) -> bool:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
     return True
+
+
+def is_mp_helper(p: psutil.Process) -> bool:
+    """multiprocessing's resource tracker: it lives as long as this process, by design
+    (an ``ignore`` for :func:`no_leftover_processes`)."""
+    try:
+        return any("resource_tracker" in part for part in p.cmdline())
+    except psutil.Error:
+        return True
 
 
 def _descendants() -> set[int]:

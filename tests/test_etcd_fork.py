@@ -12,14 +12,13 @@ import multiprocessing as mp
 import uuid
 from collections.abc import Iterator
 
-import psutil
 import pytest
 
 from elastic.errors import StoreError
 from elastic.real.clock import AsyncioClock
 from elastic.real.etcdstore import EtcdStoreClient, shared_loop
 from tests.etcd_servers import BINARIES, EtcdCluster, etcd_binary
-from tests.leftovers import no_leftover_processes
+from tests.leftovers import is_mp_helper, no_leftover_processes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,13 +29,6 @@ CHILD_JOIN = 60.0  # seconds; a child that hangs fails the test instead of the r
 def etcd(request: pytest.FixtureRequest) -> Iterator[EtcdCluster]:
     with EtcdCluster(etcd_binary(str(request.param)), members=1) as cluster:
         yield cluster
-
-
-def _is_mp_helper(p: psutil.Process) -> bool:
-    try:
-        return any("resource_tracker" in part for part in p.cmdline())
-    except psutil.Error:
-        return True
 
 
 async def _connect(endpoints: list[str], prefix: str) -> EtcdStoreClient:
@@ -83,7 +75,7 @@ def test_a_child_forked_after_the_parent_closed_its_client_uses_etcd(
     # the parent uses etcd on the shared loop (torch's API does), and closes its client
     got = shared_loop().run(_set_get(etcd.endpoints, prefix, "parent", b"p"))
     assert got == b"p"
-    with no_leftover_processes(ignore=_is_mp_helper):
+    with no_leftover_processes(ignore=is_mp_helper):
         assert _fork_and_join(_child_connects_anew, etcd.endpoints, prefix) == 0
     # the child's write is there, and the parent still works
     assert shared_loop().run(_set_get(etcd.endpoints, prefix, "parent2", b"p2")) == b"p2"
@@ -106,7 +98,7 @@ def test_a_child_forked_while_the_parent_holds_a_client_fails_at_once_not_hangs(
     client = loop.run(_connect(etcd.endpoints, prefix))
     try:
         loop.run(client.set("parent", b"p"))
-        with no_leftover_processes(ignore=_is_mp_helper):
+        with no_leftover_processes(ignore=is_mp_helper):
             assert _fork_and_join(_child_uses_the_inherited_client, client) == 0
         # the parent's client, loop and gRPC state are untouched by the child
         loop.run(client.set("parent", b"p2"))

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from elastic.timer import (
@@ -30,22 +29,14 @@ from elastic.timer import (
     expires,
 )
 from elastic.timer.file_based_local_timer import MAX_LINE_BYTES
-from tests.leftovers import no_leftover_processes
+from tests.leftovers import is_mp_helper, no_leftover_processes
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def _is_mp_helper(p: psutil.Process) -> bool:
-    # multiprocessing's resource tracker lives as long as this process, by design
-    try:
-        return any("resource_tracker" in part for part in p.cmdline())
-    except psutil.Error:
-        return True
-
-
 @pytest.fixture(autouse=True)
 def no_leftovers() -> Iterator[None]:
-    with no_leftover_processes(ignore=_is_mp_helper):
+    with no_leftover_processes(ignore=is_mp_helper):
         yield
 
 

@@ -25,23 +25,16 @@ import psutil
 import pytest
 
 from elastic.timer import FileTimerServer, LocalTimerServer, TimerRequest
-from tests.leftovers import no_leftover_processes
+from tests.leftovers import is_mp_helper, no_leftover_processes
 
 pytestmark = pytest.mark.timeout(30)
 
 SLEEPER = "import time; time.sleep(60)"
 
 
-def _is_mp_helper(p: psutil.Process) -> bool:
-    try:
-        return any("resource_tracker" in part for part in p.cmdline())
-    except psutil.Error:
-        return True
-
-
 @pytest.fixture(autouse=True)
 def no_leftovers() -> Iterator[None]:
-    with no_leftover_processes(ignore=_is_mp_helper):
+    with no_leftover_processes(ignore=is_mp_helper):
         yield
 
 

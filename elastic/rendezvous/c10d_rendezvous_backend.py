@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast
 from elastic.errors import StoreError
 from elastic.rendezvous.api import (
     RendezvousConnectionError,
+    RendezvousContext,
     RendezvousError,
     RendezvousParameters,
     RendezvousStateError,
@@ -215,8 +216,6 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
         raise ValueError("The read timeout must be a positive integer.")
     params.get_as_bool("is_host")  # validated as torch does; the context decides who hosts
 
-    from elastic.real.rdzv_context import default_context
-
     if params.backend != "c10d":  # the c10d store whatever the handler is named (torch's)
         params = copy.copy(params)
         params.backend = "c10d"
@@ -227,15 +226,23 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
         host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
         params = copy.copy(params)
         params.endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        ctx = default_context(params)
-    except RendezvousConnectionError as exc:  # torch's words; ours are the inner exception
-        raise RendezvousConnectionError(
-            "The connection to the C10d store has failed. See inner exception for details."
-        ) from exc
+    ctx = real_context(params, "the C10d store")
     assert ctx.sync_runner is not None
     store = SyncStore(ctx.store, ctx.sync_runner, timeout=float(read_timeout))
     return C10dRendezvousBackend(store, params.run_id), torch_store(store)
+
+
+def real_context(params: RendezvousParameters, what: str) -> RendezvousContext:
+    """Real mode's context for ``params``; a store that cannot be reached raises torch's
+    words (naming ``what``) with ours as the inner exception."""
+    from elastic.real.rdzv_context import default_context
+
+    try:
+        return default_context(params)
+    except RendezvousConnectionError as exc:
+        raise RendezvousConnectionError(
+            f"The connection to {what} has failed. See inner exception for details."
+        ) from exc
 
 
 def _create_file_store(params: RendezvousParameters) -> Any:

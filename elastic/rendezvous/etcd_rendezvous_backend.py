@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from elastic.rendezvous.api import (
-    RendezvousConnectionError,
     RendezvousParameters,
     SyncRunner,
     SyncStore,
     torch_store,
 )
-from elastic.rendezvous.c10d_rendezvous_backend import KeyBackend
+from elastic.rendezvous.c10d_rendezvous_backend import KeyBackend, real_context
 from elastic.rendezvous.utils import parse_rendezvous_endpoint
 from elastic.store import Store
 
@@ -74,15 +73,9 @@ def create_backend(params: RendezvousParameters) -> tuple[EtcdRendezvousBackend,
     if protocol not in ("http", "https"):
         raise ValueError("The protocol must be HTTP or HTTPS.")
 
-    from elastic.real.rdzv_context import default_context
     from elastic.rendezvous.prefix_store import PrefixStore
 
-    try:
-        ctx = default_context(params)
-    except RendezvousConnectionError as exc:  # torch's words; ours are the inner exception
-        raise RendezvousConnectionError(
-            "The connection to etcd has failed. See inner exception for details."
-        ) from exc
+    ctx = real_context(params, "etcd")
     assert ctx.sync_runner is not None
     backend = EtcdRendezvousBackend(
         ctx.store,
