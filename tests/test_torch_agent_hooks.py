@@ -389,3 +389,28 @@ def test_elastic_s_own_agent_is_not_torch_style() -> None:
     assert is_torch_style(TorchAgent)
     # elastic's own hooks stay coroutines: its event-driven agent is untouched
     assert inspect.iscoroutinefunction(LocalElasticAgent._rendezvous)
+
+
+def test_run_gives_a_subclass_shutdown_the_configured_timeout() -> None:
+    # torch's run() calls _shutdown(timeout=shutdown_timeout); a _shutdown written
+    # without the parameter (TorchAgent's, older torch's) is called without it
+    class WithTimeout(TorchAgent):
+        def __init__(self, spec: WorkerSpec) -> None:
+            super().__init__(spec)
+            self._shutdown_timeout = 120
+            self.timeouts: list[float] = []
+
+        def _shutdown(  # type: ignore[override]
+            self, death_sig: signal.Signals = signal.SIGTERM, timeout: float = 30
+        ) -> None:
+            self.shutdowns.append(death_sig)
+            self.timeouts.append(timeout)
+
+    agent = WithTimeout(spec())
+    done = [result(WorkerState.SUCCEEDED)]
+    with (
+        patch.object(WithTimeout, "_monitor_workers", side_effect=done),
+        patch.object(WithTimeout, "_record_worker_events"),
+    ):
+        agent.run()
+    assert agent.shutdowns == [signal.SIGTERM] and agent.timeouts == [120]

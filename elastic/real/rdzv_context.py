@@ -102,7 +102,9 @@ def default_context(params: RendezvousParameters) -> RendezvousContext:
         key = (params.backend, host, port)
         store = _stores.get(key)
         if store is None and in_process:
-            store = _stores[key] = HomeLoopStore(MemoryStore(clock), loop.loop)
+            # an in-memory store is bound to no loop (its waits are futures of the loop
+            # that awaits them): used as it is, from the agent's loop or the shared one
+            store = _stores[key] = MemoryStore(clock)
     if store is None:
         from elastic.real.rdzv_store import open_rendezvous_store
 

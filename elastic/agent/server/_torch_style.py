@@ -102,12 +102,12 @@ class _TorchStyle:
             return None
         except _signal_exception() as e:
             logger.warning("Received %s death signal, shutting down workers", e.sigval)
-            self._shutdown(e.sigval)
+            _call_shutdown(self, e.sigval)
             shutdown_called = True
             raise
         finally:
             if not shutdown_called:
-                self._shutdown()
+                _call_shutdown(self)
             self._total_execution_time = int(time.monotonic() - start_time)
 
     async def run_async(self: Any, role: str = "default") -> RunResult | None:
@@ -460,6 +460,24 @@ def _signal_exception() -> type[Any]:
     from elastic.multiprocessing.api import SignalException
 
     return SignalException
+
+
+def _call_shutdown(agent: Any, *death_sig: Any) -> None:
+    """torch's ``_shutdown(death_sig, timeout=shutdown_timeout)``; a subclass's
+    ``_shutdown`` written without ``timeout`` (older torch's) is called without it."""
+    if _takes(type(agent)._shutdown, "timeout"):
+        agent._shutdown(*death_sig, timeout=agent._shutdown_timeout)
+    else:
+        agent._shutdown(*death_sig)
+
+
+@functools.lru_cache(maxsize=256)
+def _takes(fn: Any, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 @functools.lru_cache(maxsize=256)
