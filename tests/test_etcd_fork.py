@@ -105,3 +105,27 @@ def test_a_child_forked_while_the_parent_holds_a_client_fails_at_once_not_hangs(
         assert loop.run(client.get("parent", timeout=10)) == b"p2"
     finally:
         loop.run(client.aclose())
+
+
+def _child_reaches_the_parents_c10d_store(endpoint: str) -> None:
+    from elastic.rendezvous import RendezvousParameters
+    from elastic.rendezvous.c10d_rendezvous_backend import create_backend
+
+    params = RendezvousParameters("c10d", endpoint, "fork-job", 1, 2, is_host="false")
+    _, store = create_backend(params)
+    store.set("from-child", b"c")
+
+
+def test_a_forked_child_opens_its_own_rendezvous_store_not_the_parents() -> None:
+    # the parent's store (cached per endpoint for torch's API) belongs to the parent's
+    # loop thread, which a forked child does not have: the child connects anew
+    from elastic.rendezvous import RendezvousParameters
+    from elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from elastic.utils.distributed import get_free_port
+
+    endpoint = f"127.0.0.1:{get_free_port()}"
+    _, store = create_backend(RendezvousParameters("c10d", endpoint, "fork-job", 1, 2))
+    store.set("from-parent", b"p")
+    with no_leftover_processes(ignore=is_mp_helper):
+        assert _fork_and_join(_child_reaches_the_parents_c10d_store, endpoint) == 0
+    assert store.get("from-child") == b"c"

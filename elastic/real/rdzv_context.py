@@ -44,18 +44,22 @@ _stores: dict[tuple[str, str, int], Store] = {}
 _local_ids = itertools.count()
 
 
-_set_aside: list[LoopThread] = []  # a forked child's inherited loop: never touched
+_set_aside: list[object] = []  # what a forked child inherited: never touched
 
 
 def _after_fork_in_child() -> None:
     # the loop's thread does not exist in a child forked without exec, and the lock may
     # have been held by a thread of the parent: a new loop starts on next use (the old
     # one stays referenced, never closed: closing would wait for the missing thread)
+    # the stores opened here belong to the parent (their loop is the old one, and an
+    # in-memory one is the parent's memory): the child opens its own on first use
     global _lock, _loop
     if _loop is not None:
         _set_aside.append(_loop)
     _loop = None
     _lock = threading.Lock()
+    _set_aside.extend(_stores.values())
+    _stores.clear()
 
 
 if hasattr(os, "register_at_fork"):
