@@ -441,6 +441,27 @@ def test_a_member_that_stops_answering_gives_timeouterror_after_read_timeout() -
         assert within(shared_loop().run(body()), 1.0, slack=3.0)
 
 
+@pytest.mark.timeout(60)
+def test_renewals_to_a_store_gone_for_good_stay_one_per_lease() -> None:
+    # each failed renewal is retried after a back-off; the retry must replace the
+    # lease's next renewal, not add to it (it doubled per error: memory without end)
+    with EtcdCluster(etcd_binary("distro"), members=1) as cluster:
+
+        async def body() -> int:
+            c = await EtcdStoreClient.connect(cluster.endpoints, read_timeout=1)
+            try:
+                await c.grant_lease(2.0)  # renewed every 2/3 s
+                os.kill(cluster.pid(0), signal.SIGKILL)
+                await asyncio.sleep(6.0)  # several failed renewals and back-offs
+                return len(c._keeper._heap)
+            finally:
+                c._closed = True  # the store is gone: nothing to revoke
+                await c._keeper.aclose()
+
+        entries = shared_loop().run(body())
+    assert entries <= 3, entries
+
+
 def test_https_with_a_client_certificate_and_refused_without_one() -> None:
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed (it makes the test certificates)")

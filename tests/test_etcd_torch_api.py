@@ -196,6 +196,9 @@ def test_an_agent_run_on_its_own_loop_drives_a_handler_whose_store_lives_on_anot
         args=("-c", "import os; assert os.environ['WORLD_SIZE'] == '2'"),
         rdzv_handler=get_rendezvous_handler(params),
     )
-    with no_leftover_processes():
-        result = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path))).run()
+    try:
+        with no_leftover_processes():
+            result = LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path))).run()
+    finally:
+        spec.rdzv_handler.shutdown()  # as torch's launcher does: its lease goes too
     assert result is not None and result.state == WorkerState.SUCCEEDED, result

@@ -312,6 +312,10 @@ class _KeepAlive:
         self._leases: dict[int, EtcdLease] = {}  # renewed periodically
         self._final: dict[int, EtcdLease] = {}  # abandoned: one last renewal, then none
         self._heap: list[tuple[float, int]] = []
+        # each lease's one live due time: a heap entry that differs is stale and skipped
+        # (a renewal retried after an error is pushed again; without this every error
+        # doubled the lease's entries, and a store gone for good grew them without end)
+        self._due: dict[int, float] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._call: Any = None
@@ -320,7 +324,7 @@ class _KeepAlive:
 
     def add(self, lease: EtcdLease) -> None:
         self._leases[lease.id] = lease
-        heapq.heappush(self._heap, (self._now() + lease.ttl / 3, lease.id))
+        self._push(lease.id, self._now() + lease.ttl / 3)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name="etcd-lease-keepalive"
@@ -329,12 +333,18 @@ class _KeepAlive:
 
     def abandon(self, lease: EtcdLease) -> None:
         if self._leases.pop(lease.id, None) is not None:
+            self._due.pop(lease.id, None)
             self._final[lease.id] = lease
             self._wake.set()
 
     def forget(self, lease_id: int) -> None:
         self._leases.pop(lease_id, None)
         self._final.pop(lease_id, None)
+        self._due.pop(lease_id, None)
+
+    def _push(self, lease_id: int, at: float) -> None:
+        self._due[lease_id] = at
+        heapq.heappush(self._heap, (at, lease_id))
 
     def _now(self) -> float:
         return self._client._clock.now()
@@ -348,12 +358,12 @@ class _KeepAlive:
             while self._heap and self._heap[0][0] <= now:
                 at, lid = heapq.heappop(self._heap)
                 lease = self._leases.get(lid)
-                if lease is not None:
+                if lease is not None and self._due.get(lid) == at:
                     due.append(lease)
                     # a fixed schedule (no drift by the loop's lag), restarted from now
                     # if it fell a whole period behind (as the network store's client)
                     nxt = at + lease.ttl / 3
-                    heapq.heappush(self._heap, (nxt if nxt > now else now + lease.ttl / 3, lid))
+                    self._push(lid, nxt if nxt > now else now + lease.ttl / 3)
             final = list(self._final.values())
             self._final.clear()
             if due or final:
@@ -368,7 +378,8 @@ class _KeepAlive:
                     for lease in final:  # the last renewal still owed
                         self._final[lease.id] = lease
                     for lease in due:
-                        heapq.heappush(self._heap, (now + backoff, lease.id))
+                        if lease.id in self._leases:
+                            self._push(lease.id, now + backoff)
                     backoff = min(2 * backoff, 1.0)
                     await asyncio.sleep(backoff)
                     continue
