@@ -487,3 +487,23 @@ def test_c10d_store_type_file_is_torchs_file_store_and_forms_a_round(
     with pytest.raises(RendezvousConnectionError, match=r"^The connection to the C10d store") as e:
         c10d_create_backend(p(str(path)))
     assert "cannot open" in str(e.value.__cause__)
+
+
+@pytest.mark.timeout(60)
+def test_shutdown_after_the_store_went_away_closes_and_does_not_raise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a node whose store host shut down first (torch's shutdown() never raises a
+    # RendezvousError): the close took, the lease cannot be revoked and expires later
+    params = RendezvousParameters("dict", "unused", "gone-job", 1, 1, join_timeout="30")
+    h = create_handler(BlockingDictStore(), DictBackend(), params)
+    h.next_rendezvous()
+    lease = h.lease
+    assert lease is not None
+
+    async def refuse() -> None:
+        raise RendezvousConnectionError("The connection to the C10d store has failed.")
+
+    monkeypatch.setattr(lease, "revoke", refuse)
+    assert h.shutdown() is True
+    assert h.is_closed() and h.lease is None

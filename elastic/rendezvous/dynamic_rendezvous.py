@@ -173,7 +173,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from elastic._records import Frozen, set_fields
 from elastic.clock import Clock, Task
-from elastic.errors import ConfigError, StoreUnsupportedError
+from elastic.errors import ConfigError, StoreError, StoreUnsupportedError
 from elastic.rendezvous._core import (
     CoreSettings,
     NodeStatus,
@@ -1073,7 +1073,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
             await self.set_closed_async()
         except RendezvousError:
             return False
-        await self.leave_async()
+        try:
+            await self.leave_async()
+        except (RendezvousError, StoreError, OSError, TimeoutError) as e:
+            # closed already; the store went away before the lease could be revoked (its
+            # host shut down first): it expires a heartbeat later, as torch's does
+            logger.warning("The rendezvous is closed; its lease could not be revoked: %s", e)
+            if self._lease is not None:
+                self._lease.abandon()  # on the loop already: stop renewing it
+                self._lease = None
         return True
 
     async def leave_async(self) -> None:
