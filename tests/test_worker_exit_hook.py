@@ -67,8 +67,12 @@ def test_a_group_left_initialised_is_destroyed_at_a_normal_exit(
     p = elastic_run(["--nproc-per-node", "2", "--max-restarts", "0", train], tag,
                     OUT=str(tmp_path))  # fmt: skip
     assert p.returncode == code, p.stderr[-2000:]
-    # no trace of the hook in what the worker sees (torchrun's environment)
-    assert (tmp_path / "env.0").read_text() == repr((os.environ.get("PYTHONPATH"), []))
+    # no trace of the hook in what the workers see (torchrun's environment); a rank that
+    # raised first gets its peer stopped, perhaps before the peer wrote what it saw
+    seen_by = sorted(tmp_path.glob("env.*"))
+    assert seen_by, p.stderr[-2000:]
+    for f in seen_by:
+        assert f.read_text() == repr((os.environ.get("PYTHONPATH"), [])), f.name
     got = sorted(f.name for f in tmp_path.glob("destroyed.*"))
     assert got == (["destroyed.0", "destroyed.1"] if destroyed else []), p.stderr[-2000:]
 
