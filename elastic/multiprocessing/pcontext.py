@@ -316,10 +316,18 @@ class PContext:
         assert group is not None
         while len(self._exits) < self.nprocs and not any(e.failed for e in self._exits.values()):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                ex = await asyncio.wait_for(group.next_exit(), left)
-            except TimeoutError:
-                return False
+            if left == 0:
+                # wait(0), torch's one look (its agent's _monitor_workers): the loop runs
+                # only inside wait(), so it gets to look at the pidfds once first
+                now = await _exit_now(group)
+                if now is None:
+                    return False
+                ex = now
+            else:
+                try:
+                    ex = await asyncio.wait_for(group.next_exit(), left)
+                except TimeoutError:
+                    return False
             self._exits[ex.local_rank] = ex
         return True
 
@@ -523,6 +531,22 @@ class _FilteringConsole(_Console):
             if any(needle in text for needle in self._needles):
                 self._out.write(f"{self._header}{text}\n")
         return n
+
+
+async def _exit_now(group: ProcessGroup) -> WorkerExit | None:
+    """The group's next exit if the kernel has reported one, else ``None``, without
+    waiting: three turns of the loop are its pidfds' select, the exit callback and the
+    queue's wake-up.  A cancelled look loses no exit (``asyncio.Queue.get`` keeps it)."""
+    task = asyncio.ensure_future(group.next_exit())
+    for _ in range(3):
+        await asyncio.sleep(0)
+        if task.done():
+            return task.result()
+    task.cancel()
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return None
 
 
 def start_processes(

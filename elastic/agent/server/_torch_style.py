@@ -506,7 +506,15 @@ def adopt(cls: type, base: type) -> None:
     """Give ``cls`` torch's synchronous driver if it defines ``_monitor_workers`` (and no
     torch-style class above it already has it).  ``base`` is elastic's agent class: the
     names ``cls`` or a class between the two define are left alone."""
-    if getattr(cls, MARK, None) is None or is_torch_style(cls):
+    if is_torch_style(cls):
+        return
+    if any(vars(klass).get("_torch_local_base") for klass in cls.__mro__[1:]):
+        # a LocalElasticAgent subclass: torch's LocalElasticAgent hooks come with the driver
+        from elastic.agent.server._torch_local import adopt_local
+
+        adopt_local(cls)
+        return
+    if getattr(cls, MARK, None) is None:
         return
     own: set[str] = set()
     for klass in cls.__mro__:

@@ -362,11 +362,22 @@ TORCH_HOOKS = (
 
 def torch_hook_refusal(cls: type) -> str | None:
     """Why an agent class overriding torch's hooks cannot run, or ``None`` if it can."""
+    local = next((k for k in cls.__mro__[1:] if vars(k).get("_torch_local_base")), None)
     for name in TORCH_HOOKS:
         mine = getattr(cls, name, None)
         ours = getattr(SimpleElasticAgent, name, None)
         if mine is None or mine is ours:
             continue
+        if local is not None and not inspect.iscoroutinefunction(mine):
+            # a direct subclass would have been given torch's LocalElasticAgent
+            # (elastic.agent.server._torch_local); this one derives through another class
+            return (
+                f"{cls.__qualname__}.{name} overrides torch's synchronous hook, which runs "
+                f"under torch's driver only for a direct subclass of {local.__name__} "
+                f"({cls.__qualname__} derives from it through "
+                f"{cls.__mro__[1].__qualname__}): subclass {local.__name__} directly, or "
+                f"declare it `async def {name}` for elastic's event-driven agent"
+            )
         if ours is None:
             return (
                 f"{cls.__qualname__}.{name} overrides torch's hook, which elastic's "

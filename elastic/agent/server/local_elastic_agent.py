@@ -185,6 +185,10 @@ class LocalElasticAgent(SimpleElasticAgent):
     ``elastic.metrics.configure``, as in torch).
     """
 
+    #: a direct subclass that overrides torch's hooks synchronously gets torch's own
+    #: (elastic.agent.server._torch_local.TorchLocalElasticAgent) as its base instead
+    _torch_local_base = True
+
     def __init__(
         self,
         spec: WorkerSpec,
@@ -264,6 +268,9 @@ class LocalElasticAgent(SimpleElasticAgent):
         if spec.numa_options:
             logger.warning("--numa-binding is not supported yet; workers are not bound")
         self._preload = list(preload)
+        #: torch's process context, used only by a subclass written against torch's
+        #: synchronous hooks (elastic.agent.server._torch_local)
+        self._pcontext: Any = None
 
     # -- torch's API -------------------------------------------------------------------
     @property
