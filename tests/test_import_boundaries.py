@@ -35,6 +35,8 @@ REAL_ADAPTERS = {
     # torch's synchronous driver, for subclasses written for torch: polls their
     # _monitor_workers on the wall clock, as torch's run() does
     "elastic/agent/server/_torch_style.py",
+    # torch's LocalElasticAgent hooks over real processes (start_processes, signals)
+    "elastic/agent/server/_torch_local.py",
     "elastic/multiprocessing/*",
     "elastic/multiprocessing/errors/*",
     "elastic/multiprocessing/subprocess_handler/*",  # torch's Popen wrapper for one worker

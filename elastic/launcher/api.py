@@ -35,13 +35,15 @@ else's, which is then called as torch calls it, in a thread.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import os
+import queue
 import shutil
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import IO, TYPE_CHECKING, Any
 
 from elastic.errors import ConfigError, ElasticError, StoreError
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from elastic.events import EventSink
     from elastic.multiprocessing.api import LogsSpecs
+    from elastic.real.loop_thread import LoopThread
     from elastic.real.rdzv_store import RendezvousStore
     from elastic.real.reaper import ReaperSidecar
     from elastic.rendezvous.api import RendezvousHandler, RendezvousParameters
@@ -224,12 +227,93 @@ def launch_agent(
     """
     from elastic.real.clock import run_sync
 
-    result: dict[int, Any] = run_sync(
-        launch_agent_async(
+    def launch() -> Coroutine[Any, Any, dict[int, Any]]:
+        return launch_agent_async(
             config, entrypoint, args, health_check_server=health_check_server, reaper=reaper
         )
-    )
-    return result
+
+    if _runs_async(_module_name("LocalElasticAgent")):
+        result: dict[int, Any] = run_sync(launch())
+        return result
+    return _launch_with_run_on_this_thread(launch)
+
+
+def _runs_async(agent_class: Any) -> bool:
+    """Whether the agent class runs as elastic's event-driven agent (``run_async``): its
+    ``run`` is elastic's own and it is not written against torch's synchronous hooks."""
+    from elastic.agent.server._torch_style import is_torch_style
+
+    run = getattr(agent_class, "run", None)
+    func = getattr(run, "__func__", run)
+    module = getattr(func, "__module__", None)
+    own = isinstance(module, str) and module.startswith("elastic.")
+    return own and isinstance(agent_class, type) and not is_torch_style(agent_class)
+
+
+class _MainThread:
+    """Calls made on the launching thread for a launch running on a loop thread."""
+
+    def __init__(self, loop_thread: LoopThread) -> None:
+        self.loop_thread = loop_thread
+        self.calls: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.calls.put((fn, fut))
+        return await fut
+
+
+#: set while a launch runs on a loop thread: the agent's ``run()`` goes to the launching
+#: thread (see :func:`_launch_with_run_on_this_thread`)
+_MAIN_THREAD: contextvars.ContextVar[_MainThread | None] = contextvars.ContextVar(
+    "elastic_launch_main_thread", default=None
+)
+
+
+def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(value)
+
+
+def _launch_with_run_on_this_thread(
+    launch: Callable[[], Coroutine[Any, Any, dict[int, Any]]],
+) -> dict[int, Any]:
+    """torch's launch for an agent whose ``run()`` is its own (overridden, patched, or
+    torch's synchronous driver): ``run()`` is called on this thread, as torch calls it
+    (signal handlers, a ``SignalException``, ``asyncio.run`` inside it all work), while
+    the launch's own work -- the store, a store this node hosts, the handler -- runs on
+    a loop thread, free while ``run()`` blocks; the handler's synchronous calls go to it.
+    A ``KeyboardInterrupt`` in ``run()`` cancels the launch (the store is closed) and
+    is raised here."""
+    from elastic.real.loop_thread import LoopThread
+
+    with LoopThread("elastic-launch") as lt:
+        main = _MainThread(lt)
+
+        async def on_loop() -> dict[int, Any]:
+            _MAIN_THREAD.set(main)  # this task's own context
+            return await launch()
+
+        done = asyncio.run_coroutine_threadsafe(on_loop(), lt.loop)
+        done.add_done_callback(lambda _: main.calls.put(None))
+        while (item := main.calls.get()) is not None:
+            fn, fut = item
+            try:
+                value = fn()
+            except Exception as e:
+                lt.loop.call_soon_threadsafe(_settle, fut, None, e)
+            except BaseException:
+                done.cancel()
+                raise
+            else:
+                lt.loop.call_soon_threadsafe(_settle, fut, value, None)
+        return done.result()
 
 
 async def launch_agent_async(
@@ -410,6 +494,8 @@ def _rendezvous_handler(
         node_addr=config.local_addr or fqdn(),
         node_id=node_id.replace("/", "_"),
         port_chooser=free_port,
+        # torch's synchronous handler calls, from an agent run on the launching thread
+        sync_runner=main.loop_thread.run if (main := _MAIN_THREAD.get()) else None,
     )
     try:
         return get_rendezvous_handler(params, ctx)
@@ -537,10 +623,19 @@ async def _run_agent(agent: LocalElasticAgent, handler: RendezvousHandler) -> Ru
 
     try:
         run = getattr(agent, "run", None)
-        if run is None or _elastics_own(run):
+        if run is None or (_elastics_own(run) and _runs_async(type(agent))):
             result = await agent.run_async()
-        else:  # overridden or patched: torch's call, on this (the main) thread
-            result = run()
+        else:  # overridden, patched or torch-style: torch's call, on the launching thread
+            main = _MAIN_THREAD.get()
+            if main is not None:
+                result = await main.call(run)
+            else:  # launch_agent_async awaited by the caller: a thread keeps the loop free
+                logger.warning(
+                    "%s.run() is not elastic's: it runs in a thread (termination signals "
+                    "reach it only through launch_agent)",
+                    type(agent).__qualname__,
+                )
+                result = await asyncio.to_thread(run)
     except SignalException:
         # torch keeps the rendezvous open for a restart of this node; the others
         # learn at once that this one left (its lease is revoked), not a ttl later
