@@ -26,8 +26,10 @@ As in torch, ``LocalElasticAgent`` and ``events`` are names of this module, look
 when a launch needs them (imported on first use, so that ``fqdn`` costs no agent
 import), which is where torch's tests patch them.  The agent runs as
 ``await agent.run_async()`` while its ``run`` is elastic's own; an agent whose ``run``
-was overridden or patched is run the way torch runs it, ``agent.run()``, on this thread
-(the event loop, and a store this agent hosts, wait for it).  Likewise the rendezvous is
+was overridden or patched, or that is written against torch's synchronous hooks, is run
+the way torch runs it, ``agent.run()`` on the thread that called :func:`launch_agent`,
+while the launch itself (the store, a store this node hosts, the handler, whose
+synchronous calls go to it) runs on a loop thread of its own.  Likewise the rendezvous is
 closed with ``await shutdown_async()`` unless the handler's ``shutdown`` is someone
 else's, which is then called as torch calls it, in a thread.
 """
