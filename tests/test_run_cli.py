@@ -247,8 +247,6 @@ def test_worker_sees_the_same_variable_names_as_under_torchrun(tmp_path: Path, t
         (["--redirects", "9"], "--redirects"),
         (["--no-such-flag"], "unrecognized"),
         (["--event-log-handler", "nowhere"], "--event-log-handler"),
-        (["--duplicate-stdout-filters", "loss"], "--duplicate-stdout-filters"),
-        (["--duplicate-stderr-filters", "NaN,,x"], "--duplicate-stderr-filters"),
     ],
 )
 def test_bad_flag_is_one_line_and_exit_2(
@@ -260,6 +258,46 @@ def test_bad_flag_is_one_line_and_exit_2(
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and where in lines[0], p.stderr
     assert "Traceback" not in p.stderr
+
+
+# -- torch's filtered copies of the tee'd output ----------------------------------------
+
+FILTERED = """
+    import os, sys
+    print("loss 1.0 at attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], flush=True)
+    print("noise", flush=True)
+    print("NaN, once", file=sys.stderr, flush=True)
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        sys.exit(3)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_duplicate_filters_copy_matching_tee_lines_to_each_attempts_files(
+    tmp_path: Path, tag: str
+) -> None:
+    train = script(tmp_path, FILTERED)
+    logs = tmp_path / "logs"
+    p = elastic_run(
+        [
+            "--nproc-per-node", "2", "--max-restarts", "1", "--tee", "3",
+            "--log-dir", str(logs),
+            "--duplicate-stdout-filters", "loss,acc",
+            "--duplicate-stderr-filters", "NaN",
+            train,
+        ],
+        tag,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    for attempt in (0, 1):
+        (run_dir,) = logs.iterdir()
+        out = (run_dir / f"attempt_{attempt}" / "filtered_stdout.log").read_text()
+        err = (run_dir / f"attempt_{attempt}" / "filtered_stderr.log").read_text()
+        assert sorted(out.splitlines()) == [
+            f"[default{r}]:loss 1.0 at attempt {attempt}" for r in (0, 1)
+        ], out
+        assert sorted(err.splitlines()) == [f"[default{r}]:NaN, once" for r in (0, 1)], err
+    assert "noise" in p.stdout  # the console still gets every line
 
 
 # -- restarts and the failure report ----------------------------------------------------

@@ -335,7 +335,6 @@ async def launch_agent_async(
 
     if entrypoint is None:
         raise ConfigError("entrypoint", "got None; expected a program or a function")
-    _refuse_output_filters(config)
     params = _rendezvous_parameters(config)
     clock = AsyncioClock()
     node_id = f"{socket.gethostname()}_{os.getpid()}"
@@ -373,20 +372,6 @@ async def launch_agent_async(
                 name or "(unnamed)",
                 type(err).__name__,
                 err,
-            )
-
-
-def _refuse_output_filters(config: LaunchConfig) -> None:
-    """Refuse, in one line, the output filters this launcher does not implement yet."""
-    for flag, filters in (
-        ("--duplicate-stdout-filters", config.duplicate_stdout_filters),
-        ("--duplicate-stderr-filters", config.duplicate_stderr_filters),
-    ):
-        if filters:
-            raise ConfigError(
-                flag,
-                f"got {','.join(filters)!r}; filtered copies of the workers' output are not "
-                "supported yet: use --tee with --log-dir and filter the files",
             )
 
 

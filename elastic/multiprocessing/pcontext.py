@@ -200,7 +200,7 @@ class PContext:
             tuple(duplicate_stderr_filters or ()),
         )
         self._loop: LoopThread | None = None
-        self._workers: _Workers | None = None
+        self._workers: FilteringWorkers | None = None
         self._group: ProcessGroup | None = None
         self._exits: dict[int, WorkerExit] = {}
         self._seen_failed: set[int] = set()
@@ -234,7 +234,7 @@ class PContext:
         """Install the signal handlers (see the module) and start the processes (once)."""
         if self._group is not None or self._closed:
             raise RuntimeError(f"{type(self).__name__}.start() may be called once")
-        workers = _Workers(
+        workers = FilteringWorkers(
             self.logs_specs,
             role=self.name,
             # every worker is a fresh interpreter (exec): forkserver's isolation is spawn's
@@ -456,7 +456,7 @@ class SubprocessContext(PContext):
         return True
 
 
-class _Workers(ProcessWorkers):
+class FilteringWorkers(ProcessWorkers):
     """The workers port with torch's per-rank ``log_line_prefixes`` and filtered copies.
 
     The filtered copies ride on the console tee: :meth:`_streams` notes which launch it
@@ -474,6 +474,7 @@ class _Workers(ProcessWorkers):
         self._prefixes = prefixes
         self._filters = filters
         self._files: list[TextIO | None] = [None, None]
+        self._paths: list[str | None] = [None, None]
         self._launch: WorkerLaunch | None = None
 
     @property
@@ -490,15 +491,31 @@ class _Workers(ProcessWorkers):
         self, group: ProcessGroup, la: WorkerLaunch, dest: LogsDest
     ) -> tuple[list[tuple[int, int]], list[int], list[int]]:
         for i, path in enumerate((dest.filtered_stdout, dest.filtered_stderr)):
-            if self._filters[i] and self._files[i] is None:
-                if not path or os.path.dirname(path) == os.devnull:
-                    path = os.devnull  # no log directory: nothing to keep
+            if not self._filters[i]:
+                continue
+            if not path or os.path.dirname(path) == os.devnull:
+                path = os.devnull  # no log directory: nothing to keep
+            if self._paths[i] != path:
+                # a new attempt's directory (an agent's restart): a new file, as torch's
+                # new process context per attempt opens one
+                old = self._files[i]
+                if old is not None:
+                    old.close()
                 self._files[i] = open(path, "w", errors="replace", buffering=1)  # noqa: SIM115
+                self._paths[i] = path
         self._launch = la
         try:
             return super()._streams(group, la, dest)
         finally:
             self._launch = None
+
+    async def aclose(self, sweep: bool = False) -> None:
+        try:
+            await super().aclose(sweep=sweep)
+        finally:
+            for f in self._files:
+                if f is not None:
+                    f.close()
 
     def _console(self, which: int) -> _Console:
         console = super()._console(which)

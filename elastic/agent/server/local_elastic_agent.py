@@ -223,12 +223,31 @@ class LocalElasticAgent(SimpleElasticAgent):
         method = "fork" if start_method == "fork" else "spawn"
         # the role is read from the group's spec at each start, as torch's agent reads
         # the spec only when it runs (its constructor takes any spec-like object)
-        workers = ProcessWorkers(
-            logs_specs,
-            start_method=method,
-            log_line_prefix_template=log_line_prefix_template,
-            reaper=reaper,
+        filters = (
+            tuple(getattr(spec, "duplicate_stdout_filters", None) or ()),
+            tuple(getattr(spec, "duplicate_stderr_filters", None) or ()),
         )
+        workers: ProcessWorkers
+        if any(filters):
+            # torch's --duplicate-std{out,err}-filters: matching lines of the tee'd
+            # streams are copied to the attempt's filtered_std{out,err}.log
+            from elastic.multiprocessing.pcontext import FilteringWorkers
+
+            workers = FilteringWorkers(
+                logs_specs,
+                start_method=method,
+                log_line_prefix_template=log_line_prefix_template,
+                reaper=reaper,
+                prefixes=None,
+                filters=filters,
+            )
+        else:
+            workers = ProcessWorkers(
+                logs_specs,
+                start_method=method,
+                log_line_prefix_template=log_line_prefix_template,
+                reaper=reaper,
+            )
         self._hang = _HangWatch(self, hang_timeout) if hang_timeout is not None else None
         super().__init__(
             spec,
