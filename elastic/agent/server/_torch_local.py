@@ -118,6 +118,11 @@ class TorchLocalElasticAgent(LocalElasticAgent):
             return RunResult(state=WorkerState.UNKNOWN)
         result = pcontext.wait(0)
         if not result:
+            timeout = self._uninterruptible_state_timeout
+            if timeout > 0:
+                stuck = self._check_uninterruptible_state_timeout(worker_group, timeout)
+                if stuck is not None:
+                    return stuck
             return RunResult(state=WorkerState.HEALTHY)
         workers = worker_group.workers
         if result.is_failed():

@@ -70,6 +70,7 @@ from elastic.agent.server.api import (
     Worker,
     WorkerGroup,
     WorkerSpec,
+    WorkerState,
 )
 from elastic.errors import ConfigError
 from elastic.events import EventSink, kinds
@@ -77,6 +78,7 @@ from elastic.ids import uuid4_str
 from elastic.metrics.core import MetricHandler
 from elastic.multiprocessing.api import LogsSpecs
 from elastic.once import say_once
+from elastic.utils.process_state import is_uninterruptible_state, read_proc_state
 from elastic.workers import RunningGroup, WorkerExit
 
 if TYPE_CHECKING:
@@ -87,6 +89,7 @@ __all__ = [
     "TORCHELASTIC_ENABLE_FILE_TIMER",
     "TORCHELASTIC_HEALTH_CHECK_PORT",
     "TORCHELASTIC_TIMER_FILE",
+    "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT",
     "LocalElasticAgent",
     "SignalException",
     "parse_signals",
@@ -97,6 +100,9 @@ logger = logging.getLogger(__name__)
 TORCHELASTIC_ENABLE_FILE_TIMER = "TORCHELASTIC_ENABLE_FILE_TIMER"
 TORCHELASTIC_TIMER_FILE = "TORCHELASTIC_TIMER_FILE"
 TORCHELASTIC_HEALTH_CHECK_PORT = "TORCHELASTIC_HEALTH_CHECK_PORT"
+#: seconds a worker may spend in uninterruptible sleep (D-state) before the group is
+#: unhealthy and restarts are off (torch 2.13); unset or non-positive: no check
+TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT = "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT"
 DEFAULT_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 #: The NVIDIA driver's control device: without it NVML cannot start.
 NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
@@ -174,6 +180,29 @@ class _GpuWatch:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
+class _UninterruptibleWatch:
+    """A :class:`~elastic.agent.server.api.HealthWatch` on workers stuck in Linux's
+    uninterruptible sleep (D-state) for ``uninterruptible_state_timeout`` seconds, torch
+    2.13's check: ``/proc`` has no event to await, so it samples every
+    ``monitor_interval`` while the group runs (only when the timeout is set)."""
+
+    def __init__(self, agent: LocalElasticAgent) -> None:
+        self._agent = agent
+
+    async def wait_unhealthy(self, group: WorkerGroup) -> str:
+        agent = self._agent
+        timeout = agent._uninterruptible_state_timeout
+        agent._uninterruptible_state_first_seen.clear()
+        while True:
+            await agent.clock.sleep(group.spec.monitor_interval)
+            if agent._check_uninterruptible_state_timeout(group, timeout) is not None:
+                return (
+                    f"a worker stayed in uninterruptible sleep (D-state) for {timeout:g}s "
+                    "or more; restarts are disabled (a new worker would contend for what "
+                    "it holds)"
+                )
+
+
 class LocalElasticAgent(SimpleElasticAgent):
     """The single-node agent on real processes (torch's constructor, plus keywords).
 
@@ -198,6 +227,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         log_line_prefix_template: str | None = None,
         shutdown_timeout: float = 30,
         health_check_server: Any = None,
+        uninterruptible_state_timeout: float | None = None,
         *,
         events: EventSink | None = None,
         extra_env: Mapping[str, str] | None = None,
@@ -224,8 +254,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         # the role is read from the group's spec at each start, as torch's agent reads
         # the spec only when it runs (its constructor takes any spec-like object)
         filters = (
-            tuple(getattr(spec, "duplicate_stdout_filters", None) or ()),
-            tuple(getattr(spec, "duplicate_stderr_filters", None) or ()),
+            _filters_of(getattr(spec, "duplicate_stdout_filters", None)),
+            _filters_of(getattr(spec, "duplicate_stderr_filters", None)),
         )
         workers: ProcessWorkers
         if any(filters):
@@ -249,6 +279,12 @@ class LocalElasticAgent(SimpleElasticAgent):
                 reaper=reaper,
             )
         self._hang = _HangWatch(self, hang_timeout) if hang_timeout is not None else None
+        #: torch 2.13: the argument, else TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT, else
+        #: 0 (off); non-positive or unparsable values turn the check off
+        self._uninterruptible_state_timeout = _resolve_uninterruptible_state_timeout(
+            uninterruptible_state_timeout
+        )
+        self._uninterruptible_state_first_seen: dict[int, float] = {}
         super().__init__(
             spec,
             exit_barrier_timeout,
@@ -259,6 +295,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             health_watches=[
                 *([self._hang] if self._hang is not None else []),
                 *([_GpuWatch(self)] if gpu_check else []),
+                *([_UninterruptibleWatch(self)] if self._uninterruptible_state_timeout else []),
             ],
             pre_start_checks=[self._check_gpus] if gpu_check else None,
             env_hooks=[self._torch_env],
@@ -609,6 +646,67 @@ class LocalElasticAgent(SimpleElasticAgent):
             self._emit(kinds.AGENT_GPU_CHECK, healthy=report.healthy, message=report.message)
         return None if report.healthy else report.message
 
+    def _check_uninterruptible_state_timeout(
+        self, worker_group: WorkerGroup, timeout: float
+    ) -> RunResult | None:
+        """torch 2.13's check: ``UNHEALTHY`` (and no restarts left) when a worker has
+        been in uninterruptible sleep for ``timeout`` seconds or more, else ``None``
+        (the dwell times updated)."""
+        if self._pcontext is not None:
+            pids = set(self._pcontext.pids().values())
+        elif self._group is not None:
+            pids = set(self._group.pids().values())
+        else:
+            return None
+        role = worker_group.spec.role
+        seen = self._uninterruptible_state_first_seen
+        for pid in list(seen):
+            if pid not in pids:
+                del seen[pid]
+        timed_out = []
+        for pid in pids:
+            elapsed = self._update_uninterruptible_dwell(pid, role, timeout)
+            if elapsed is not None and elapsed >= timeout:
+                timed_out.append((pid, elapsed))
+        if not timed_out:
+            return None
+        for pid, elapsed in timed_out:
+            logger.error(
+                "[%s] Worker pid=%s stuck in uninterruptible sleep (D-state) for %.1fs "
+                "(>= %.1fs); marking worker group UNHEALTHY and disabling restarts.",
+                role,
+                pid,
+                elapsed,
+                timeout,
+            )
+        # a wedged worker holds a kernel resource (GPU, NIC) a new worker would contend
+        # for: no restart, the agent ends
+        self._remaining_restarts = 0
+        return RunResult(state=WorkerState.UNHEALTHY)
+
+    def _update_uninterruptible_dwell(self, pid: int, role: str, timeout: float) -> float | None:
+        """How long ``pid`` has been in uninterruptible sleep without a break (seconds),
+        or ``None`` if it is not (or its state cannot be read)."""
+        state = read_proc_state(pid)
+        if state is None:
+            return None
+        seen = self._uninterruptible_state_first_seen
+        if not is_uninterruptible_state(state):
+            seen.pop(pid, None)
+            return None
+        first = seen.get(pid)
+        if first is None:
+            seen[pid] = time.monotonic()
+            logger.warning(
+                "[%s] Worker pid=%s entered uninterruptible sleep (D-state); will mark "
+                "UNHEALTHY if it remains for %.1fs.",
+                role,
+                pid,
+                timeout,
+            )
+            return 0.0
+        return time.monotonic() - first
+
     def _log_watchdog_event(self, name: str, request: Any) -> None:
         """torch's watchdog events, as ``agent.watchdog`` events (from any thread)."""
         fields: dict[str, Any] = {"watchdog_event": name}
@@ -630,6 +728,26 @@ class LocalElasticAgent(SimpleElasticAgent):
                 loop.call_soon_threadsafe(emit)
         except RuntimeError:
             pass  # the loop closed meanwhile: the run is over
+
+
+def _filters_of(value: Any) -> tuple[str, ...]:
+    """A spec's output filters (a list of strings; anything else, as a spec-like object's
+    attribute torch would not read here, is none)."""
+    if isinstance(value, list | tuple):
+        return tuple(str(v) for v in value)
+    return ()
+
+
+def _resolve_uninterruptible_state_timeout(explicit: float | None) -> float:
+    """The argument, else ``TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT``, else 0 (off);
+    non-positive or unparsable values are 0, as in torch 2.13."""
+    if explicit is not None:
+        return max(0.0, float(explicit))
+    raw = os.environ.get(TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT, "")
+    try:
+        return max(0.0, float(raw)) if raw else 0.0
+    except ValueError:
+        return 0.0
 
 
 def _log_event(spec: WorkerSpec, kind: str, rank: int | None, fields: dict[str, Any]) -> None:
