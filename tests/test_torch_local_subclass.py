@@ -13,12 +13,21 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import Mock, patch
 
 import pytest
 
 import elastic.rendezvous.registry as rdzv_registry
 from elastic.agent.server._torch_local import TorchLocalElasticAgent
-from elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
+from elastic.agent.server._torch_style import is_torch_style
+from elastic.agent.server.api import (
+    RunResult,
+    SimpleElasticAgent,
+    WorkerGroup,
+    WorkerSpec,
+    WorkerState,
+    torch_hook_refusal,
+)
 from elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from elastic.multiprocessing import DefaultLogsSpecs, start_processes
 from elastic.rendezvous import RendezvousParameters
@@ -230,3 +239,25 @@ def test_an_overridden_invoke_run_wraps_torchs_loop(tmp_path: Path) -> None:
     assert result is not None and result.state == WorkerState.SUCCEEDED
     assert result.return_values == {0: 0}
     assert agent.calls == ["invoke_run"]
+
+
+def test_a_hook_patched_on_one_agent_runs_that_agent_under_torchs_driver(tmp_path: Path) -> None:
+    # torch's local_elastic_agent_test (shutdown_called): start_processes and the
+    # instance's _monitor_workers patched, the context closed once
+    pcontext = Mock()
+    pcontext.pids.return_value = {0: 0}
+    started = "elastic.agent.server.local_elastic_agent.start_processes"
+    with patch(started, return_value=pcontext) as start_processes:
+        agent = make(LocalElasticAgent, tmp_path, rank_times_ten, nproc=1)
+        with patch.object(agent, "_monitor_workers") as monitor:
+            monitor.return_value = RunResult(state=WorkerState.SUCCEEDED, return_values={0: 0})
+            result = run(agent)
+    assert result is not None and result.state == WorkerState.SUCCEEDED
+    start_processes.assert_called_once()
+    pcontext.close.assert_called_once()
+
+
+def test_elastics_own_local_agent_is_event_driven_and_not_refused() -> None:
+    assert LocalElasticAgent.__bases__ == (SimpleElasticAgent,)
+    assert not is_torch_style(LocalElasticAgent)
+    assert torch_hook_refusal(LocalElasticAgent) is None

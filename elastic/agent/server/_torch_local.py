@@ -10,16 +10,20 @@ the base class for the rest, synchronously::
             return result
 
 elastic's ``LocalElasticAgent`` is event-driven: its ``_start_workers`` is a coroutine,
-and it has no ``_monitor_workers``, ``_stop_workers`` or ``_shutdown`` at all.  So a
-subclass that overrides any of torch's hooks with a plain (synchronous) method is given,
-when the class is created, :class:`TorchLocalElasticAgent` as its base in place of
-``LocalElasticAgent`` (:func:`adopt_local`): ``super()`` then reaches torch's
-synchronous hooks, step for step torch 2.13's:
+and its ``_monitor_workers``, ``_stop_workers`` and ``_shutdown`` (torch's, kept for
+torch's driver) are never called by its own run.  So a subclass that overrides any of
+torch's hooks with a plain (synchronous) method is given, when the class is created,
+:class:`TorchLocalElasticAgent` as its base in place of ``LocalElasticAgent``
+(:func:`adopt_local`): ``super()`` then reaches torch's synchronous hooks, step for step
+torch 2.13's.  A plain ``LocalElasticAgent`` with one of those hooks patched on the
+instance (torch's tests: ``patch.object(agent, "_monitor_workers")``) becomes one when it
+runs.
 
 * ``run``, ``_invoke_run``, the rendezvous, the rank exchange, the exit barrier, metrics
   and events are torch's driver (:mod:`elastic.agent.server._torch_style`);
 * ``_start_workers(wg) -> {local_rank: pid}`` starts the group with
-  :func:`elastic.multiprocessing.start_processes` (``self._pcontext``), each worker's
+  ``start_processes`` (looked up in ``local_elastic_agent``, where torch's tests patch
+  it; ``self._pcontext``), each worker's
   environment made by elastic's agent (torch's keys, plus the timer file and
   ``extra_env``); the file-timer watchdog and the health-check server are set up there,
   as torch does;
@@ -40,12 +44,11 @@ trees and reaper sidecar, hang detection, the NVML pre-start check): it polls, a
 from __future__ import annotations
 
 import logging
-import signal
 from string import Template
 from typing import Any
 
 from elastic.agent.server._torch_style import _PROVIDED, _TorchStyle
-from elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from elastic.agent.server.api import RunResult, WorkerGroup
 from elastic.agent.server.local_elastic_agent import (
     TORCHELASTIC_ENABLE_FILE_TIMER,
     LocalElasticAgent,
@@ -63,7 +66,7 @@ class TorchLocalElasticAgent(LocalElasticAgent):
 
     # -- torch's LocalElasticAgent hooks ----------------------------------------------------
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:  # type: ignore[override]
-        from elastic.multiprocessing import start_processes
+        from elastic.agent.server import local_elastic_agent as lea
 
         spec = worker_group.spec
         if worker_group.store is None:
@@ -84,7 +87,7 @@ class TorchLocalElasticAgent(LocalElasticAgent):
                 prefixes[local_rank] = Template(template).safe_substitute(
                     role_name=spec.role, rank=worker.global_rank, local_rank=local_rank
                 )
-        self._pcontext = start_processes(
+        self._pcontext = lea.start_processes(
             name=spec.role,
             entrypoint=spec.entrypoint,
             args=args,
@@ -100,55 +103,6 @@ class TorchLocalElasticAgent(LocalElasticAgent):
         if self._timer_server is not None:
             self._timer_server.set_worker_pids(pids.values())
         return pids
-
-    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        role = worker_group.spec.role
-        pcontext = self._pcontext
-        if pcontext is None:
-            raise AssertionError("no workers were started")
-        worker_pids = {w.id for w in worker_group.workers}
-        pc_pids = set(pcontext.pids().values())
-        if worker_pids != pc_pids:
-            logger.error(
-                "[%s] worker pids do not match process_context pids. Expected: %s, actual: %s",
-                role,
-                worker_pids,
-                pc_pids,
-            )
-            return RunResult(state=WorkerState.UNKNOWN)
-        result = pcontext.wait(0)
-        if not result:
-            timeout = self._uninterruptible_state_timeout
-            if timeout > 0:
-                stuck = self._check_uninterruptible_state_timeout(worker_group, timeout)
-                if stuck is not None:
-                    return stuck
-            return RunResult(state=WorkerState.HEALTHY)
-        workers = worker_group.workers
-        if result.is_failed():
-            return RunResult(
-                state=WorkerState.FAILED,
-                failures={workers[r].global_rank: f for r, f in result.failures.items()},
-            )
-        return RunResult(
-            state=WorkerState.SUCCEEDED,
-            return_values={workers[r].global_rank: v for r, v in result.return_values.items()},
-        )
-
-    def _stop_workers(self, worker_group: WorkerGroup, is_restart: bool = False) -> None:
-        # torch 2.13 takes no ``is_restart``; a subclass written for the torch versions
-        # that passed it may still give it
-        self._shutdown()
-
-    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
-        if self._timer_server is not None:
-            self._timer_server.stop()
-            self._timer_server = None
-        if self._health_check_server is not None:
-            self._health_check_server.stop()
-            self._health_check_server = None
-        if self._pcontext is not None:
-            self._pcontext.close(death_sig, timeout)
 
     # -- set-up, as torch's _setup_local_watchdog ------------------------------------------
     def _set_up_watchdog(self) -> None:

@@ -506,8 +506,8 @@ def adopt(cls: type, base: type) -> None:
     """Give ``cls`` torch's synchronous driver if it defines ``_monitor_workers`` (and no
     torch-style class above it already has it).  ``base`` is elastic's agent class: the
     names ``cls`` or a class between the two define are left alone."""
-    if is_torch_style(cls):
-        return
+    if is_torch_style(cls) or vars(cls).get("_torch_local_base"):
+        return  # (LocalElasticAgent itself defines torch's hooks for the driver)
     if any(vars(klass).get("_torch_local_base") for klass in cls.__mro__[1:]):
         # a LocalElasticAgent subclass: torch's LocalElasticAgent hooks come with the driver
         from elastic.agent.server._torch_local import adopt_local

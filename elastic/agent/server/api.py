@@ -362,12 +362,12 @@ TORCH_HOOKS = (
 
 def torch_hook_refusal(cls: type) -> str | None:
     """Why an agent class overriding torch's hooks cannot run, or ``None`` if it can."""
-    local = next((k for k in cls.__mro__[1:] if vars(k).get("_torch_local_base")), None)
+    local = next((k for k in cls.__mro__ if vars(k).get("_torch_local_base")), None)
     for name in TORCH_HOOKS:
         mine = getattr(cls, name, None)
         ours = getattr(SimpleElasticAgent, name, None)
-        if mine is None or mine is ours:
-            continue
+        if mine is None or mine is ours or (local and mine is getattr(local, name, None)):
+            continue  # (LocalElasticAgent's own torch hooks are for torch's driver only)
         if local is not None and not inspect.iscoroutinefunction(mine):
             # a direct subclass would have been given torch's LocalElasticAgent
             # (elastic.agent.server._torch_local); this one derives through another class

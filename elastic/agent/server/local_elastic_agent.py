@@ -437,6 +437,15 @@ class LocalElasticAgent(SimpleElasticAgent):
         """Run the agent to the end on a fresh event loop; raises SignalException."""
         from elastic.real.clock import run_sync
 
+        if type(self) is LocalElasticAgent and any(h in vars(self) for h in _TORCH_HOOKS):
+            # one of torch's synchronous hooks patched on this agent (as torch's tests do:
+            # patch.object(agent, "_monitor_workers")): it is driven by torch's loop
+            from elastic.agent.server._torch_local import TorchLocalElasticAgent
+
+            self.__class__ = TorchLocalElasticAgent
+            result_: RunResult | None = self.run(role)
+            return result_
+
         result: RunResult | None = run_sync(self.run_async(role))
         return result
 
@@ -646,6 +655,57 @@ class LocalElasticAgent(SimpleElasticAgent):
             self._emit(kinds.AGENT_GPU_CHECK, healthy=report.healthy, message=report.message)
         return None if report.healthy else report.message
 
+    # -- torch's synchronous hooks (its driver calls them: elastic.agent.server._torch_local;
+    # elastic's own run never does) ---------------------------------------------------------
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        role = worker_group.spec.role
+        pcontext = self._pcontext
+        if pcontext is None:
+            raise AssertionError("no workers were started")
+        worker_pids = {w.id for w in worker_group.workers}
+        pc_pids = set(pcontext.pids().values())
+        if worker_pids != pc_pids:
+            logger.error(
+                "[%s] worker pids do not match process_context pids. Expected: %s, actual: %s",
+                role,
+                worker_pids,
+                pc_pids,
+            )
+            return RunResult(state=WorkerState.UNKNOWN)
+        result = pcontext.wait(0)
+        if not result:
+            timeout = self._uninterruptible_state_timeout
+            if timeout > 0:
+                stuck = self._check_uninterruptible_state_timeout(worker_group, timeout)
+                if stuck is not None:
+                    return stuck
+            return RunResult(state=WorkerState.HEALTHY)
+        workers = worker_group.workers
+        if result.is_failed():
+            return RunResult(
+                state=WorkerState.FAILED,
+                failures={workers[r].global_rank: f for r, f in result.failures.items()},
+            )
+        return RunResult(
+            state=WorkerState.SUCCEEDED,
+            return_values={workers[r].global_rank: v for r, v in result.return_values.items()},
+        )
+
+    def _stop_workers(self, worker_group: WorkerGroup, is_restart: bool = False) -> None:
+        # torch 2.13 takes no ``is_restart``; a subclass written for the torch versions
+        # that passed it may still give it
+        self._shutdown()
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        if self._timer_server is not None:
+            self._timer_server.stop()
+            self._timer_server = None
+        if self._health_check_server is not None:
+            self._health_check_server.stop()
+            self._health_check_server = None
+        if self._pcontext is not None:
+            self._pcontext.close(death_sig, timeout)
+
     def _check_uninterruptible_state_timeout(
         self, worker_group: WorkerGroup, timeout: float
     ) -> RunResult | None:
@@ -728,6 +788,21 @@ class LocalElasticAgent(SimpleElasticAgent):
                 loop.call_soon_threadsafe(emit)
         except RuntimeError:
             pass  # the loop closed meanwhile: the run is over
+
+
+#: the hooks torch's driver calls (a patch of one on an agent means that driver)
+_TORCH_HOOKS = ("_start_workers", "_monitor_workers", "_stop_workers", "_shutdown")
+
+
+def __getattr__(name: str) -> Any:
+    """``start_processes``, imported on first use: the name torch's tests patch here (the
+    workers of an agent driven by torch's hooks are started through it)."""
+    if name == "start_processes":
+        from elastic.multiprocessing import start_processes
+
+        globals()[name] = start_processes
+        return start_processes
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _filters_of(value: Any) -> tuple[str, ...]:
