@@ -162,3 +162,35 @@ def test_a_command_name_with_parentheses_and_spaces_is_parsed_from_the_last_pare
 def test_d_and_its_variants_are_uninterruptible() -> None:
     assert is_uninterruptible_state("D") and is_uninterruptible_state("D+")
     assert not any(is_uninterruptible_state(s) for s in ("R", "S", "Z", "T", None, ""))
+
+
+def test_torchs_monitor_marks_the_group_unhealthy_once_the_dwell_reaches_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the shape of torch's own unit check: a context mock, the kernel and the clock patched
+    from unittest.mock import Mock
+
+    from elastic.agent.server.api import Worker
+
+    spec = WorkerSpec(
+        role="r", local_world_size=1, entrypoint="x", rdzv_handler=Mock(), max_restarts=3
+    )
+    a = lea.LocalElasticAgent(
+        spec, DefaultLogsSpecs(log_dir=str(tmp_path)), uninterruptible_state_timeout=5
+    )
+    wg = a._worker_group
+    wg.workers = [Worker(local_rank=0, global_rank=0, role_rank=0, world_size=1, role_world_size=1)]
+    wg.workers[0].id = 123
+    a._pcontext = Mock()
+    a._pcontext.pids.return_value = {0: 123}
+    a._pcontext.wait.return_value = None
+    now = [100.0]
+    monkeypatch.setattr(lea, "read_proc_state", lambda pid: "D")
+    monkeypatch.setattr(lea.time, "monotonic", lambda: now[0])
+    states = []
+    for t in (100.0, 104.0, 106.0):
+        now[0] = t
+        states.append(a._monitor_workers(wg).state)
+    assert states == [WorkerState.HEALTHY, WorkerState.HEALTHY, WorkerState.UNHEALTHY]
+    assert a._remaining_restarts == 0
+    assert a._uninterruptible_state_first_seen == {123: 100.0}
