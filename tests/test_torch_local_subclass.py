@@ -261,3 +261,37 @@ def test_elastics_own_local_agent_is_event_driven_and_not_refused() -> None:
     assert LocalElasticAgent.__bases__ == (SimpleElasticAgent,)
     assert not is_torch_style(LocalElasticAgent)
     assert torch_hook_refusal(LocalElasticAgent) is None
+
+
+def test_a_replaced_store_barrier_is_called_at_the_exit_and_its_failure_is_not_the_jobs(
+    tmp_path: Path,
+) -> None:
+    # torch's local_elastic_agent_test (barrier_failed): elastic.utils.store.barrier
+    # patched to raise; the run still succeeds and the barrier was asked once
+    with patch("elastic.utils.store.barrier", side_effect=RuntimeError("test error")) as b:
+        agent = make(LocalElasticAgent, tmp_path, rank_times_ten, nproc=1)
+        result = run(agent)
+    assert result is not None and result.state == WorkerState.SUCCEEDED
+    b.assert_called_once()
+    kwargs = b.call_args.kwargs
+    assert kwargs["world_size"] == 1 and kwargs["barrier_timeout"] == 2
+    assert kwargs["key_prefix"] == "torchelastic/agent/terminal_state"
+
+
+def test_a_wrapped_store_barrier_runs_over_the_rounds_store_from_its_thread(
+    tmp_path: Path,
+) -> None:
+    from elastic.utils import store as store_util
+
+    original = store_util.barrier
+    seen: list[Any] = []
+
+    def wrapped(**kwargs: Any) -> None:
+        original(**kwargs)  # a real barrier: the store's add/set/wait from this thread
+        seen.append(kwargs["store"].get("torchelastic/agent/terminal_state/last_member"))
+
+    with patch("elastic.utils.store.barrier", wrapped):
+        agent = make(LocalElasticAgent, tmp_path, rank_times_ten, nproc=1)
+        result = run(agent)
+    assert result is not None and result.state == WorkerState.SUCCEEDED
+    assert len(seen) == 1 and seen[0]  # the barrier ran to its end on the round's store

@@ -125,6 +125,11 @@ class TorchLocalElasticAgent(LocalElasticAgent):
         self._timer_server.start()
 
     def run(self, role: str = "default") -> RunResult | None:
+        if self._clock is None:
+            # the agent's events are stamped with it (it needs no running loop)
+            from elastic.real.clock import AsyncioClock
+
+            self._clock = AsyncioClock()
         if self._hang is not None:
             logger.warning(
                 "%s overrides torch's synchronous hooks: hang detection (hang_timeout) is "

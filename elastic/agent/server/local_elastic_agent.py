@@ -588,6 +588,48 @@ class LocalElasticAgent(SimpleElasticAgent):
             if self._timer_server is not None:
                 self._timer_server.set_worker_pids(self._group.pids().values())
 
+    async def _exit_barrier(self) -> None:
+        """elastic's event-driven barrier, unless ``elastic.utils.store.barrier`` was
+        replaced (patched or wrapped, where torch's agent looks it up at each exit, as
+        torch's tests and users' hooks do): then the replacement is called as torch
+        calls it, over a blocking view of the round's store, in a thread (errors logged,
+        never raised: the job's result stands)."""
+        from elastic.utils import store as store_util
+
+        barrier = store_util.barrier
+        size = self._worker_group.group_world_size
+        if barrier is _OWN_BARRIER or self._store is None or self._loop is None or not size:
+            await super()._exit_barrier()
+            return
+        from elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
+        from elastic.rendezvous.api import SyncStore
+
+        loop = self._loop
+
+        def runner(coro: Any) -> Any:
+            return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+        store = SyncStore(self._store, runner)
+        self._in_exit_barrier = True
+        t0 = self.clock.now()
+        try:
+            await asyncio.to_thread(
+                lambda: barrier(
+                    store=store,
+                    world_size=size,
+                    key_prefix=_TERMINAL_STATE_SYNC_ID,
+                    barrier_timeout=self._exit_barrier_timeout,
+                )
+            )
+            self._emit(kinds.AGENT_EXIT_BARRIER, duration_s=round(self.clock.now() - t0, 6))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            logger.exception("Error waiting on exit barrier")
+            self._emit(kinds.AGENT_EXIT_BARRIER_ERROR, error=f"{type(e).__name__}: {e}")
+        finally:
+            self._in_exit_barrier = False
+
     def _failure(self, ex: WorkerExit) -> Any:
         # only for the result the agent returns (a restart needs no record): the report's
         # modules are imported then, off the launch's and the restarts' paths
@@ -789,6 +831,15 @@ class LocalElasticAgent(SimpleElasticAgent):
         except RuntimeError:
             pass  # the loop closed meanwhile: the run is over
 
+
+def _own_barrier() -> Any:
+    from elastic.utils.store import barrier
+
+    return barrier
+
+
+#: elastic's own store barrier (a different one found there was put there by someone)
+_OWN_BARRIER = _own_barrier()
 
 #: the hooks torch's driver calls (a patch of one on an agent means that driver)
 _TORCH_HOOKS = ("_start_workers", "_monitor_workers", "_stop_workers", "_shutdown")
