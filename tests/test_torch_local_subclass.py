@@ -96,14 +96,8 @@ class ShutdownHook(LocalElasticAgent):
         super()._shutdown(death_sig, timeout)
 
 
-def make(
-    cls: type[LocalElasticAgent],
-    tmp_path: Path,
-    entrypoint: Any,
-    *args: Any,
-    nproc: int = 2,
-    max_restarts: int = 0,
-) -> Any:
+def one_node_handler() -> Any:
+    """A c10d handler of a one-node job that hosts its store on a free port."""
     params = RendezvousParameters(
         backend="c10d",
         endpoint=f"127.0.0.1:{get_free_port()}",
@@ -112,12 +106,23 @@ def make(
         max_nodes=1,
         is_host=True,
     )
+    return rdzv_registry.get_rendezvous_handler(params)
+
+
+def make(
+    cls: type[LocalElasticAgent],
+    tmp_path: Path,
+    entrypoint: Any,
+    *args: Any,
+    nproc: int = 2,
+    max_restarts: int = 0,
+) -> Any:
     spec = WorkerSpec(
         role="trainer",
         local_world_size=nproc,
         entrypoint=entrypoint,
         args=args,
-        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+        rdzv_handler=one_node_handler(),
         max_restarts=max_restarts,
         monitor_interval=0.05,
     )

@@ -10,20 +10,17 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import elastic.agent.server.local_elastic_agent as lea
-import elastic.rendezvous.registry as rdzv_registry
 from elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from elastic.multiprocessing import DefaultLogsSpecs
-from elastic.rendezvous import RendezvousParameters
-from elastic.utils.distributed import get_free_port
 from elastic.utils.process_state import is_uninterruptible_state, read_proc_state
 from tests.leftovers import no_leftover_processes
+from tests.test_torch_local_subclass import one_node_handler
 
 pytestmark = pytest.mark.timeout(90)
 ENV = "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT"
@@ -47,19 +44,11 @@ class TorchStyle(lea.LocalElasticAgent):
 def agent(
     cls: type[lea.LocalElasticAgent], tmp_path: Path, timeout: float | None
 ) -> lea.LocalElasticAgent:
-    params = RendezvousParameters(
-        backend="c10d",
-        endpoint=f"127.0.0.1:{get_free_port()}",
-        run_id=uuid.uuid4().hex[:8],
-        min_nodes=1,
-        max_nodes=1,
-        is_host=True,
-    )
     spec = WorkerSpec(
         role="trainer",
         local_world_size=2,
         entrypoint=sleep_long,
-        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+        rdzv_handler=one_node_handler(),
         max_restarts=3,
         monitor_interval=0.05,
     )
@@ -129,8 +118,10 @@ def test_the_timeout_is_the_argument_else_the_environment_else_off(
     assert lea._resolve_uninterruptible_state_timeout(explicit) == expected
 
 
-def test_read_proc_state_reads_a_live_process_and_none_for_a_gone_one() -> None:
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+def sleeper_seen_sleeping(program: str) -> int:
+    """Start ``program`` sleeping; return its pid once /proc reads it as ``S``; it is
+    killed and reaped after."""
+    p = subprocess.Popen([program, "-c", "import time; time.sleep(30)"])
     try:
         deadline = time.monotonic() + 10
         while read_proc_state(p.pid) != "S":
@@ -139,7 +130,12 @@ def test_read_proc_state_reads_a_live_process_and_none_for_a_gone_one() -> None:
     finally:
         p.kill()
         p.wait()
-    assert read_proc_state(p.pid) is None
+    return p.pid
+
+
+def test_read_proc_state_reads_a_live_process_and_none_for_a_gone_one() -> None:
+    pid = sleeper_seen_sleeping(sys.executable)
+    assert read_proc_state(pid) is None
     assert read_proc_state(os.getpid()) in {"R", "S"}
 
 
@@ -148,15 +144,7 @@ def test_a_command_name_with_parentheses_and_spaces_is_parsed_from_the_last_pare
 ) -> None:
     exe = tmp_path / "a) D (b"
     exe.symlink_to(sys.executable)
-    p = subprocess.Popen([str(exe), "-c", "import time; time.sleep(30)"])
-    try:
-        deadline = time.monotonic() + 10
-        while read_proc_state(p.pid) != "S":
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-    finally:
-        p.kill()
-        p.wait()
+    sleeper_seen_sleeping(str(exe))
 
 
 def test_d_and_its_variants_are_uninterruptible() -> None:
