@@ -22,11 +22,18 @@ dict with a key that is not a str    ``{"__elastic_dict__": [[key, value], ...]}
 (or whose one key is a tag)
 float NaN, inf, -inf                 ``{"__elastic_float__": "nan" | "inf" | "-inf"}``
 torch tensor (as a CPU tensor)       ``{"__elastic_tensor__": {dtype, shape, data}}``
+dataclass instance                   ``{"__elastic_dataclass__": {"type": "mod:Qual",
+                                     "fields": {name: value}}}``
 ===================================  =====================================================
 
 So ``{0: (1, b"x")}`` comes back as ``{0: (1, b"x")}``, as with torch's pickling.
-Subclasses of int, float, str, list, tuple and dict come back as the base type; other
-objects (sets, dataclasses, numpy arrays…) are refused.  The result file holds
+Subclasses of int, float, str, list, tuple and dict come back as the base type.  A
+dataclass instance comes back as an instance of its class when the reading process has
+its module loaded already (a worker function's module is, in the agent): the object is
+made as pickle makes it, ``__new__`` and its fields set, so no ``__init__`` or
+``__post_init__`` runs and nothing is imported; otherwise as a
+``types.SimpleNamespace`` of its fields.  Other objects (sets, numpy arrays…) are
+refused.  The result file holds
 ``{"value": <data>}``.  A return value that cannot be written this way, or whose
 encoding is over :data:`MAX_RESULT_BYTES`, fails the worker: :func:`run_function`
 raises :class:`ReturnValueError` inside ``record`` (so the reason is in
@@ -39,12 +46,14 @@ that cannot be sent back), the code of ``SystemExit`` otherwise.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import json
 import math
 import os
 import sys
 import traceback
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -74,7 +83,8 @@ _TUPLE = "__elastic_tuple__"
 _BYTES = "__elastic_bytes__"
 _DICT = "__elastic_dict__"
 _FLOAT = "__elastic_float__"
-_TAGS = frozenset({TENSOR_KEY, _TUPLE, _BYTES, _DICT, _FLOAT})
+_DATACLASS = "__elastic_dataclass__"
+_TAGS = frozenset({TENSOR_KEY, _TUPLE, _BYTES, _DICT, _FLOAT, _DATACLASS})
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
@@ -135,6 +145,17 @@ def to_data(obj: Any, where: str = "value", depth: int = 0) -> Any:
     torch = sys.modules.get("torch")  # a worker that made a tensor imported torch
     if torch is not None and isinstance(obj, torch.Tensor):
         return _encode_tensor(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        cls = type(obj)
+        return {
+            _DATACLASS: {
+                "type": f"{cls.__module__}:{cls.__qualname__}",
+                "fields": {
+                    f.name: to_data(getattr(obj, f.name), f"{where}.{f.name}", depth + 1)
+                    for f in dataclasses.fields(obj)
+                },
+            }
+        }
     raise TypeError(f"{where} is a {type(obj).__qualname__}, which is not data")
 
 
@@ -158,9 +179,32 @@ def decode(obj: dict[str, Any]) -> Any:
             return _NON_FINITE[body]
         if tag == _DICT and isinstance(body, list):
             return dict(body)  # each item must be a [key, value] pair
-    except (TypeError, ValueError) as e:
+        if tag == _DATACLASS and isinstance(body, dict):
+            return _decode_dataclass(body["type"], body["fields"])
+    except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"malformed {tag} in the data ({type(e).__name__}: {e})") from None
     raise ValueError(f"malformed {tag} in the data")
+
+
+def _decode_dataclass(name: Any, fields: Any) -> Any:
+    """The dataclass instance ``name`` (``module:qualname``) with ``fields``, made as
+    pickle makes an object (no ``__init__``), if this process has loaded that module
+    and the name is a dataclass there; else a ``SimpleNamespace`` of the fields."""
+    if not isinstance(name, str) or not isinstance(fields, dict):
+        raise TypeError("a dataclass is a type name and a dict of fields")
+    module, _, qualname = name.partition(":")
+    cls: Any = sys.modules.get(module)  # never imported here: reading runs no code
+    for part in qualname.split("."):
+        cls = getattr(cls, part, None) if cls is not None and part else None
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        return types.SimpleNamespace(**fields)
+    known = {f.name for f in dataclasses.fields(cls)}
+    if set(fields) != known:
+        raise ValueError(f"the fields {sorted(fields)} are not {name}'s {sorted(known)}")
+    obj = cls.__new__(cls)
+    for key, value in fields.items():
+        object.__setattr__(obj, key, value)  # a frozen dataclass too, as pickle does
+    return obj
 
 
 def from_data(tree: Any) -> Any:
@@ -191,8 +235,8 @@ def _decode_tensor(spec: Any) -> Any:
 
 
 _WHAT_TO_RETURN = (
-    "return JSON values (dict, list, str, int, float, bool, None), tuples, bytes or torch "
-    "tensors from worker functions"
+    "return JSON values (dict, list, str, int, float, bool, None), tuples, bytes, "
+    "dataclasses or torch tensors from worker functions"
 )
 
 

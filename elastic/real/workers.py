@@ -633,8 +633,8 @@ def _read_result(path: str) -> tuple[Any, str | None]:
     if "unserialisable" in data:
         return None, (
             f"a {data['unserialisable']} cannot be sent back as data; return JSON values "
-            "(dict, list, str, int, float, bool, None), tuples, bytes or torch tensors "
-            "from worker functions"
+            "(dict, list, str, int, float, bool, None), tuples, bytes, dataclasses or "
+            "torch tensors from worker functions"
         )
     if "too_large" in data:
         return None, (
@@ -1146,7 +1146,7 @@ def _check_json_args(args: Sequence[Any]) -> list[Any]:
         raise ConfigError(
             "args",
             f"function worker arguments must be JSON values (str, int, float, bool, None, "
-            f"list, dict), tuples, bytes or torch tensors, not pickled objects: {e}",
+            f"list, dict), tuples, bytes, dataclasses or torch tensors, not pickled objects: {e}",
         ) from None
     assert isinstance(data, list)
     return data
