@@ -143,3 +143,57 @@ def test_a_forked_child_opens_its_own_rendezvous_store_not_the_parents() -> None
     with no_leftover_processes(ignore=is_mp_helper):
         assert _fork_and_join(_child_reaches_the_parents_c10d_store, endpoint) == 0
     assert store.get("from-child") == b"c"
+
+
+def _one_node_etcd_round(endpoint: str, run_id: str) -> None:
+    from elastic.rendezvous import RendezvousParameters
+    from elastic.rendezvous.registry import get_rendezvous_handler
+
+    params = RendezvousParameters("etcd-v2", endpoint, run_id, 1, 1)
+    handler = get_rendezvous_handler(params)
+    try:
+        info = handler.next_rendezvous()
+        assert (info.rank, info.world_size) == (0, 1)
+    finally:
+        handler.shutdown()
+
+
+def _parent_rendezvouses_shuts_down_then_forks(endpoint: str) -> None:
+    # torch's agent tests: an agent run (and its handler shut down) in the test process,
+    # then agents started with multiprocessing's fork
+    from elastic.real import rdzv_context
+
+    two = [_handler_on(endpoint) for _ in range(2)]
+    two[0].shutdown()
+    assert rdzv_context._opened, "a user is left: the client stays open"
+    two[1].shutdown()
+    assert not rdzv_context._opened and not rdzv_context._stores  # the last one closed it
+    _one_node_etcd_round(endpoint, uuid.uuid4().hex)  # a new handler connects again
+    assert _fork_and_join(_one_node_etcd_round, endpoint, uuid.uuid4().hex) == 0
+
+
+def _handler_on(endpoint: str) -> object:
+    from elastic.rendezvous import RendezvousParameters
+    from elastic.rendezvous.registry import get_rendezvous_handler
+
+    handler = get_rendezvous_handler(
+        RendezvousParameters("etcd-v2", endpoint, uuid.uuid4().hex, 1, 1)
+    )
+    handler.next_rendezvous()
+    return handler
+
+
+def test_the_last_registry_handler_shut_down_closes_its_etcd_client_so_a_fork_can_use_etcd(
+    etcd: EtcdCluster,
+) -> None:
+    endpoint = etcd.endpoints[0].removeprefix("http://")
+    with no_leftover_processes(ignore=is_mp_helper):
+        parent = mp.get_context("spawn").Process(
+            target=_parent_rendezvouses_shuts_down_then_forks, args=(endpoint,)
+        )
+        parent.start()
+        parent.join(2 * CHILD_JOIN)
+        if parent.is_alive():
+            parent.kill()
+            parent.join()
+    assert parent.exitcode == 0

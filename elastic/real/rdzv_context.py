@@ -12,12 +12,18 @@ this host) is served by one in-process :class:`~elastic.memstore.MemoryStore` pe
 store ``elastic run`` would open (:func:`elastic.real.rdzv_store.open_rendezvous_store`:
 the agent-hosted network store for ``c10d``/``static``, hosted by this process when the
 endpoint names this machine and its port is free; etcd for ``etcd``/``etcd-v2``), opened
-on the shared loop once per (backend, endpoint) and kept for the life of the process.
+on the shared loop once per (backend, endpoint) and kept for the life of the process --
+except an etcd client: when the last handler the registry built on it shuts down
+(:func:`release`), it is closed, so that a later fork of this process (torch's tests
+start agents with ``multiprocessing``'s fork) can use gRPC; the next handler connects
+again.  A store also reached any other way (``create_backend``, a handler never shut
+down) is never counted out, and stays open as before.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 
@@ -35,12 +41,18 @@ from elastic.rendezvous.api import (
 from elastic.rendezvous.utils import parse_rendezvous_endpoint
 from elastic.store import Store
 
-__all__ = ["default_context", "node_id", "shared_loop"]
+__all__ = ["default_context", "node_id", "release", "shared_loop"]
+
+logger = logging.getLogger(__name__)
 
 _DEFAULT_PORTS = {"etcd": 2379, "etcd-v2": 2379}
 _lock = threading.Lock()
 _loop: LoopThread | None = None
 _stores: dict[tuple[str, str, int], Store] = {}
+#: per cached store: how many users took it (default_context) and have not released it
+_users: dict[tuple[str, str, int], int] = {}
+#: the opened etcd stores, to close (the cache holds their HomeLoopStore)
+_opened: dict[tuple[str, str, int], object] = {}
 _local_ids = itertools.count()
 
 
@@ -59,7 +71,10 @@ def _after_fork_in_child() -> None:
     _loop = None
     _lock = threading.Lock()
     _set_aside.extend(_stores.values())
+    _set_aside.extend(_opened.values())
     _stores.clear()
+    _users.clear()
+    _opened.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -125,7 +140,15 @@ def default_context(params: RendezvousParameters) -> RendezvousContext:
             ) from None
         with _lock:
             # usable from any loop: torch's agent.run() drives the handler from its own
-            store = _stores.setdefault(key, HomeLoopStore(opened.store, loop.loop))
+            store = _stores.get(key)
+            if store is None:
+                store = _stores[key] = HomeLoopStore(opened.store, loop.loop)
+                if params.backend in ("etcd", "etcd-v2"):
+                    _opened[key] = opened
+            else:  # another thread opened it meanwhile: this one is not needed
+                _set_aside.append(opened)
+    with _lock:
+        _users[key] = _users.get(key, 0) + 1
     addr = params.local_addr or fqdn()
     return RendezvousContext(
         store=store,
@@ -135,3 +158,25 @@ def default_context(params: RendezvousParameters) -> RendezvousContext:
         port_chooser=free_port,
         sync_runner=loop.run,
     )
+
+
+def release(store: Store) -> None:
+    """One user of the cached ``store`` is done with it (a handler the registry built
+    shut down).  The last user of an etcd client closes it, on the shared loop; this
+    blocks the calling thread (never the loop's own) for the close."""
+    with _lock:
+        key = next((k for k, s in _stores.items() if s is store), None)
+        if key is None:
+            return
+        _users[key] = _users.get(key, 1) - 1
+        if _users[key] > 0 or key not in _opened:
+            return
+        opened = _opened.pop(key)
+        del _stores[key], _users[key]
+    close = getattr(opened, "aclose", None)
+    if close is None:
+        return
+    try:
+        shared_loop().run(close())
+    except Exception as e:  # closing is best effort: the store may be gone already
+        logger.debug("closing the etcd client failed: %s", e)

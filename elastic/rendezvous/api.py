@@ -792,8 +792,15 @@ class RendezvousHandler(ABC):
     def shutdown(self) -> bool:
         """Close all resources that were open for the rendezvous."""
         if type(self).shutdown_async is RendezvousHandler.shutdown_async:
-            return True
-        return self._run(self.shutdown_async())
+            closed = True
+        else:
+            closed = self._run(self.shutdown_async())
+        # a handler the registry built on the real ports hands its store back (the last
+        # user of an etcd client closes it), once
+        on_shutdown = getattr(self, "__dict__", {}).pop("_on_shutdown", None)
+        if on_shutdown is not None:
+            on_shutdown()
+        return closed
 
 
 def _sync_of(method: str) -> str:

@@ -91,10 +91,16 @@ class RendezvousHandlerRegistry:
             handler = creator(params)
         else:
             if ctx is None:
-                from elastic.real.rdzv_context import default_context
+                from elastic.real.rdzv_context import default_context, release
 
                 ctx = default_context(params)
-            handler = creator(params, ctx)
+                handler = creator(params, ctx)
+                # its shutdown hands the context's store back (the last user of an etcd
+                # client closes it: elastic.real.rdzv_context)
+                store = ctx.store
+                setattr(handler, "_on_shutdown", lambda: release(store))  # noqa: B010
+            else:
+                handler = creator(params, ctx)
             if ctx.sync_runner is not None and handler.sync_runner is None:
                 handler.sync_runner = ctx.sync_runner
         if handler.get_backend() != params.backend:
