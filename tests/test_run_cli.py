@@ -263,11 +263,19 @@ def test_bad_flag_is_one_line_and_exit_2(
 # -- torch's filtered copies of the tee'd output ----------------------------------------
 
 FILTERED = """
-    import os, sys
-    print("loss 1.0 at attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], flush=True)
+    import os, sys, time
+    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    print("loss 1.0 at attempt", attempt, flush=True)
     print("noise", flush=True)
     print("NaN, once", file=sys.stderr, flush=True)
-    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    if attempt == "0":
+        # both ranks print before either fails (the first failure stops the other)
+        out = os.environ["OUT_DIR"]
+        open(os.path.join(out, "printed." + os.environ["RANK"]), "w").close()
+        deadline = time.monotonic() + 20
+        while len([f for f in os.listdir(out) if f.startswith("printed.")]) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
         sys.exit(3)
 """
 
@@ -287,6 +295,7 @@ def test_duplicate_filters_copy_matching_tee_lines_to_each_attempts_files(
             train,
         ],
         tag,
+        OUT_DIR=str(tmp_path),
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
     for attempt in (0, 1):

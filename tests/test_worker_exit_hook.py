@@ -59,9 +59,12 @@ def test_a_group_left_initialised_is_destroyed_at_a_normal_exit(
     destroyed: bool,
     code: int,
 ) -> None:
+    # written whole or not at all: a rank stopped by its peer's failure may be mid-write
     seen = (
-        "open(os.path.join(os.environ['OUT'], 'env.' + os.environ['LOCAL_RANK']), 'w')"
+        "_env = os.path.join(os.environ['OUT'], 'env.' + os.environ['LOCAL_RANK'])\n"
+        "open(_env + '.tmp', 'w')"
         ".write(repr((os.environ.get('PYTHONPATH'), [p for p in sys.path if '_site' in p])))\n"
+        "os.replace(_env + '.tmp', _env)\n"
     )
     train = script(tmp_path, FAKE + seen + f"import sys\n{ending}\n")
     p = elastic_run(["--nproc-per-node", "2", "--max-restarts", "0", train], tag,
@@ -69,7 +72,7 @@ def test_a_group_left_initialised_is_destroyed_at_a_normal_exit(
     assert p.returncode == code, p.stderr[-2000:]
     # no trace of the hook in what the workers see (torchrun's environment); a rank that
     # raised first gets its peer stopped, perhaps before the peer wrote what it saw
-    seen_by = sorted(tmp_path.glob("env.*"))
+    seen_by = sorted(f for f in tmp_path.glob("env.*") if f.suffix != ".tmp")
     assert seen_by, p.stderr[-2000:]
     for f in seen_by:
         assert f.read_text() == repr((os.environ.get("PYTHONPATH"), [])), f.name
