@@ -351,17 +351,26 @@ def test_a_partition_cut_for_real_recovers_as_simulated_and_leaves_no_namespace(
     assert _namespaces_of(os.getpid()) == []
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_elastic_real_stopped_during_a_cut_leaves_no_namespace_and_no_process(tag: str) -> None:
     import signal
     import time
+
+    import psutil
 
     _need_namespaces()
     p = _start_real("fidelity_partition_store_side.yaml", tag)
     time.sleep(7.5)  # the cut: scenario 50..90 s, wall 5..9 s after the agents' 1.5 s lead
     assert _namespaces_of(p.pid) != []
     p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=30)
+    try:
+        # (a loaded machine, the suite's other worker busy too, once took over 30 s)
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        tree = [" ".join(c.cmdline()[:4]) for c in psutil.Process(p.pid).children(True)]
+        p.kill()
+        p.communicate()
+        raise AssertionError(f"not stopped 60 s after SIGTERM; its processes: {tree}") from None
     assert p.returncode == 130 and "interrupted" in err, err
     assert _namespaces_of(p.pid) == []
     # the tag fixture fails the test if an agent, worker or the store host is left
