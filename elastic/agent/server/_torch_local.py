@@ -49,10 +49,7 @@ from typing import Any
 
 from elastic.agent.server._torch_style import _PROVIDED, _TorchStyle
 from elastic.agent.server.api import RunResult, WorkerGroup
-from elastic.agent.server.local_elastic_agent import (
-    TORCHELASTIC_ENABLE_FILE_TIMER,
-    LocalElasticAgent,
-)
+from elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 __all__ = ["TorchLocalElasticAgent", "adopt_local"]
 
@@ -73,7 +70,8 @@ class TorchLocalElasticAgent(LocalElasticAgent):
             raise AssertionError("the worker group has no store: rendezvous first")
         if spec.entrypoint is None:
             raise AssertionError("the worker spec has no entrypoint")
-        self._set_up_watchdog()
+        # torch's _setup_local_watchdog and _setup_healthcheck
+        self._start_timer_server()
         self._start_health_check_server()
         envs: dict[int, dict[str, str]] = {}
         args: dict[int, tuple[Any, ...]] = {}
@@ -103,26 +101,6 @@ class TorchLocalElasticAgent(LocalElasticAgent):
         if self._timer_server is not None:
             self._timer_server.set_worker_pids(pids.values())
         return pids
-
-    # -- set-up, as torch's _setup_local_watchdog ------------------------------------------
-    def _set_up_watchdog(self) -> None:
-        import os
-        import tempfile
-
-        if os.environ.get(TORCHELASTIC_ENABLE_FILE_TIMER) != "1" or self._timer_server:
-            return
-        from elastic.ids import uuid4_str
-        from elastic.timer.file_based_local_timer import FileTimerServer
-
-        if self._timer_file is None:
-            self._timer_file = os.path.join(tempfile.gettempdir(), f"watchdog_timer_{uuid4_str()}")
-        self._timer_server = FileTimerServer(
-            self._timer_file,
-            self._worker_group.spec.rdzv_handler.get_run_id(),
-            max_interval=0.1,
-            log_event=self._log_watchdog_event,
-        )
-        self._timer_server.start()
 
     def run(self, role: str = "default") -> RunResult | None:
         if self._clock is None:

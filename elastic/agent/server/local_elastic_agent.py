@@ -257,27 +257,20 @@ class LocalElasticAgent(SimpleElasticAgent):
             _filters_of(getattr(spec, "duplicate_stdout_filters", None)),
             _filters_of(getattr(spec, "duplicate_stderr_filters", None)),
         )
+        options: dict[str, Any] = {
+            "start_method": method,
+            "log_line_prefix_template": log_line_prefix_template,
+            "reaper": reaper,
+        }
         workers: ProcessWorkers
         if any(filters):
             # torch's --duplicate-std{out,err}-filters: matching lines of the tee'd
             # streams are copied to the attempt's filtered_std{out,err}.log
             from elastic.multiprocessing.pcontext import FilteringWorkers
 
-            workers = FilteringWorkers(
-                logs_specs,
-                start_method=method,
-                log_line_prefix_template=log_line_prefix_template,
-                reaper=reaper,
-                prefixes=None,
-                filters=filters,
-            )
+            workers = FilteringWorkers(logs_specs, prefixes=None, filters=filters, **options)
         else:
-            workers = ProcessWorkers(
-                logs_specs,
-                start_method=method,
-                log_line_prefix_template=log_line_prefix_template,
-                reaper=reaper,
-            )
+            workers = ProcessWorkers(logs_specs, **options)
         self._hang = _HangWatch(self, hang_timeout) if hang_timeout is not None else None
         #: torch 2.13: the argument, else TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT, else
         #: 0 (off); non-positive or unparsable values turn the check off
@@ -449,22 +442,26 @@ class LocalElasticAgent(SimpleElasticAgent):
         result: RunResult | None = run_sync(self.run_async(role))
         return result
 
+    def _start_timer_server(self) -> None:
+        """torch's file-timer watchdog, when ``TORCHELASTIC_ENABLE_FILE_TIMER=1`` and it
+        is not running already."""
+        if os.environ.get(TORCHELASTIC_ENABLE_FILE_TIMER) != "1" or self._timer_server:
+            return
+        from elastic.timer.file_based_local_timer import FileTimerServer
+
+        if self._timer_file is None:
+            self._timer_file = os.path.join(tempfile.gettempdir(), f"watchdog_timer_{uuid4_str()}")
+        self._timer_server = FileTimerServer(
+            self._timer_file,
+            self._worker_group.spec.rdzv_handler.get_run_id(),
+            max_interval=0.1,
+            log_event=self._log_watchdog_event,
+        )
+        self._timer_server.start()
+
     def _set_up(self) -> None:
         spec = self._worker_group.spec
-        if os.environ.get(TORCHELASTIC_ENABLE_FILE_TIMER) == "1":
-            from elastic.timer.file_based_local_timer import FileTimerServer
-
-            if self._timer_file is None:
-                self._timer_file = os.path.join(
-                    tempfile.gettempdir(), f"watchdog_timer_{uuid4_str()}"
-                )
-            self._timer_server = FileTimerServer(
-                self._timer_file,
-                spec.rdzv_handler.get_run_id(),
-                max_interval=0.1,
-                log_event=self._log_watchdog_event,
-            )
-            self._timer_server.start()
+        self._start_timer_server()
         if self._hang is not None:
             from elastic.progress import FifoProgressSource, ProgressMonitor, ProgressWatcher
 
