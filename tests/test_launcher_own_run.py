@@ -120,3 +120,22 @@ def test_a_run_that_fails_raises_its_error_and_closes_the_store(tmp_path: Path) 
         launch_agent(config(tmp_path), hundred_plus_rank, [])
     # the launch's loop thread (which hosted the store) is gone with it
     assert not [t for t in threading.enumerate() if t.name == "elastic-launch"]
+
+
+class UsrSignalled(LocalElasticAgent):
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        result = super()._monitor_workers(worker_group)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return result
+
+
+def test_the_launchs_signals_to_handle_are_the_torch_style_contexts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TORCHELASTIC_SIGNALS_TO_HANDLE", raising=False)
+    conf = config(tmp_path)
+    conf.signals_to_handle = "SIGUSR1"
+    with mock.patch(AGENT, UsrSignalled), pytest.raises(SignalException) as e:
+        launch_agent(conf, sleep_long, [])
+    assert e.value.sigval == signal.SIGUSR1
+    assert "TORCHELASTIC_SIGNALS_TO_HANDLE" not in os.environ  # set for the start only

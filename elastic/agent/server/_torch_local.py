@@ -43,7 +43,10 @@ trees and reaper sidecar, hang detection, the NVML pre-start check): it polls, a
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+from collections.abc import Iterator
 from string import Template
 from typing import Any
 
@@ -85,18 +88,22 @@ class TorchLocalElasticAgent(LocalElasticAgent):
                 prefixes[local_rank] = Template(template).safe_substitute(
                     role_name=spec.role, rank=worker.global_rank, local_rank=local_rank
                 )
-        self._pcontext = lea.start_processes(
-            name=spec.role,
-            entrypoint=spec.entrypoint,
-            args=args,
-            envs=envs,
-            logs_specs=self._logs_specs,
-            log_line_prefixes=prefixes,
-            start_method=self._start_method,
-            numa_options=spec.numa_options,
-            duplicate_stdout_filters=getattr(spec, "duplicate_stdout_filters", None),
-            duplicate_stderr_filters=getattr(spec, "duplicate_stderr_filters", None),
-        )
+        # the context handles the agent's termination signals (torch's launch_agent puts
+        # them in the agent's environment, where the context reads them)
+        handled = ",".join(sig.name for sig in self._signals)
+        with _environ("TORCHELASTIC_SIGNALS_TO_HANDLE", handled):
+            self._pcontext = lea.start_processes(
+                name=spec.role,
+                entrypoint=spec.entrypoint,
+                args=args,
+                envs=envs,
+                logs_specs=self._logs_specs,
+                log_line_prefixes=prefixes,
+                start_method=self._start_method,
+                numa_options=spec.numa_options,
+                duplicate_stdout_filters=getattr(spec, "duplicate_stdout_filters", None),
+                duplicate_stderr_filters=getattr(spec, "duplicate_stderr_filters", None),
+            )
         pids: dict[int, Any] = self._pcontext.pids()
         if self._timer_server is not None:
             self._timer_server.set_worker_pids(pids.values())
@@ -124,6 +131,20 @@ for _name in _PROVIDED:
     if _name not in vars(TorchLocalElasticAgent):
         setattr(TorchLocalElasticAgent, _name, vars(_TorchStyle)[_name])
 del _name
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name]`` set to ``value`` for the block, then as it was."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _sync_overrides(cls: type, base: type) -> list[str]:
