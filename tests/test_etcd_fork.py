@@ -197,3 +197,33 @@ def test_the_last_registry_handler_shut_down_closes_its_etcd_client_so_a_fork_ca
             parent.kill()
             parent.join()
     assert parent.exitcode == 0
+
+
+def _parent_drops_a_handler_unshut_then_forks(endpoint: str) -> None:
+    # torch's agent tests that run an agent without shutting its handler down, then fork
+    from elastic.real import rdzv_context
+
+    handler = _handler_on(endpoint)
+    kept = _handler_on(endpoint)
+    del handler  # collected (a cycle, maybe) without a shutdown
+    assert _fork_and_join(_one_node_etcd_round, endpoint, uuid.uuid4().hex) != 0  # one held
+    kept.shutdown()
+    assert not rdzv_context._opened  # the last holder's shutdown closed it (after the fork)
+    third = _handler_on(endpoint)
+    del third
+    assert _fork_and_join(_one_node_etcd_round, endpoint, uuid.uuid4().hex) == 0
+    assert not rdzv_context._opened  # closed before the fork: no handler held it
+
+
+def test_an_etcd_client_no_handler_holds_is_closed_before_a_fork(etcd: EtcdCluster) -> None:
+    endpoint = etcd.endpoints[0].removeprefix("http://")
+    with no_leftover_processes(ignore=is_mp_helper):
+        parent = mp.get_context("spawn").Process(
+            target=_parent_drops_a_handler_unshut_then_forks, args=(endpoint,)
+        )
+        parent.start()
+        parent.join(2 * CHILD_JOIN)
+        if parent.is_alive():
+            parent.kill()
+            parent.join()
+    assert parent.exitcode == 0

@@ -22,6 +22,7 @@ down) is never counted out, and stays open as before.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import os
@@ -145,6 +146,7 @@ def default_context(params: RendezvousParameters) -> RendezvousContext:
                 store = _stores[key] = HomeLoopStore(opened.store, loop.loop)
                 if params.backend in ("etcd", "etcd-v2"):
                     _opened[key] = opened
+                    _hook_fork()
             else:  # another thread opened it meanwhile: this one is not needed
                 _set_aside.append(opened)
     with _lock:
@@ -160,19 +162,25 @@ def default_context(params: RendezvousParameters) -> RendezvousContext:
     )
 
 
-def release(store: Store) -> None:
-    """One user of the cached ``store`` is done with it (a handler the registry built
-    shut down).  The last user of an etcd client closes it, on the shared loop; this
-    blocks the calling thread (never the loop's own) for the close."""
+def release(store: Store, close: bool = True) -> None:
+    """One user of the cached ``store`` is done with it: a handler the registry built
+    shut down (``close``: the last user of an etcd client closes it now, on the shared
+    loop, blocking the calling thread), or was collected without a shutdown (not
+    ``close``: nothing blocks in a finalizer; an idle client is closed before the next
+    fork instead, :func:`_close_idle_before_fork`)."""
     with _lock:
         key = next((k for k, s in _stores.items() if s is store), None)
         if key is None:
             return
         _users[key] = _users.get(key, 1) - 1
-        if _users[key] > 0 or key not in _opened:
+        if not close or _users[key] > 0 or key not in _opened:
             return
         opened = _opened.pop(key)
         del _stores[key], _users[key]
+    _close(opened)
+
+
+def _close(opened: object) -> None:
     close = getattr(opened, "aclose", None)
     if close is None:
         return
@@ -180,3 +188,32 @@ def release(store: Store) -> None:
         shared_loop().run(close())
     except Exception as e:  # closing is best effort: the store may be gone already
         logger.debug("closing the etcd client failed: %s", e)
+
+
+def _close_idle_before_fork() -> None:
+    """Before this process forks: close every cached etcd client no handler holds any
+    more (one collected without a shutdown -- torch's tests drop their agents so), so
+    that the child can use gRPC.  The collector runs first, to let such handlers go."""
+    if not _opened or (_loop is not None and threading.current_thread() is _loop._thread):
+        return
+    gc.collect()
+    with _lock:
+        idle = [k for k in _opened if _users.get(k, 0) <= 0]
+        closing = [_opened.pop(k) for k in idle]
+        for k in idle:
+            _stores.pop(k, None)
+            _users.pop(k, None)
+    for opened in closing:
+        _close(opened)
+
+
+_fork_hook = False
+
+
+def _hook_fork() -> None:
+    """Register :func:`_close_idle_before_fork` (once, when the first etcd client is
+    cached: after the etcd module's own hook, so that it runs before it)."""
+    global _fork_hook
+    if not _fork_hook and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_close_idle_before_fork)
+        _fork_hook = True

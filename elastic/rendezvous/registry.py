@@ -19,8 +19,10 @@ backend never needs it.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -95,10 +97,9 @@ class RendezvousHandlerRegistry:
 
                 ctx = default_context(params)
                 handler = creator(params, ctx)
-                # its shutdown hands the context's store back (the last user of an etcd
-                # client closes it: elastic.real.rdzv_context)
-                store = ctx.store
-                setattr(handler, "_on_shutdown", lambda: release(store))  # noqa: B010
+                # its shutdown, or else its collection, hands the context's store back
+                # (an etcd client no handler holds is closed: elastic.real.rdzv_context)
+                _hand_back_when_done(handler, ctx.store, release)
             else:
                 handler = creator(params, ctx)
             if ctx.sync_runner is not None and handler.sync_runner is None:
@@ -109,6 +110,23 @@ class RendezvousHandlerRegistry:
                 f"backend '{params.backend}'."
             )
         return handler
+
+
+def _hand_back_when_done(
+    handler: RendezvousHandler, store: Store, release: Callable[[Store, bool], None]
+) -> None:
+    """Release ``store`` once: at ``handler.shutdown()`` (closing an etcd client it was
+    the last user of), or when the handler is collected without one (closed later)."""
+    done: list[bool] = []
+
+    def hand_back(close: bool) -> None:
+        if not done:
+            done.append(True)
+            release(store, close)
+
+    setattr(handler, "_on_shutdown", lambda: hand_back(True))  # noqa: B010
+    with contextlib.suppress(TypeError):  # a handler class without weak references
+        weakref.finalize(handler, hand_back, False)
 
 
 rendezvous_handler_registry = RendezvousHandlerRegistry()
