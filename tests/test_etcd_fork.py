@@ -172,6 +172,20 @@ def _parent_rendezvouses_shuts_down_then_forks(endpoint: str) -> None:
     assert _fork_and_join(_one_node_etcd_round, endpoint, uuid.uuid4().hex) == 0
 
 
+def _in_a_fresh_parent(target: object, etcd: EtcdCluster) -> int | None:
+    """Run ``target(endpoint)`` as a spawned process (this test process may hold etcd
+    clients of other tests); its exit code (None: it hung and was killed)."""
+    endpoint = etcd.endpoints[0].removeprefix("http://")
+    with no_leftover_processes(ignore=is_mp_helper):
+        parent = mp.get_context("spawn").Process(target=target, args=(endpoint,))  # type: ignore[arg-type]
+        parent.start()
+        parent.join(2 * CHILD_JOIN)
+        if parent.is_alive():
+            parent.kill()
+            parent.join()
+    return parent.exitcode
+
+
 def _handler_on(endpoint: str) -> object:
     from elastic.rendezvous import RendezvousParameters
     from elastic.rendezvous.registry import get_rendezvous_handler
@@ -186,17 +200,7 @@ def _handler_on(endpoint: str) -> object:
 def test_the_last_registry_handler_shut_down_closes_its_etcd_client_so_a_fork_can_use_etcd(
     etcd: EtcdCluster,
 ) -> None:
-    endpoint = etcd.endpoints[0].removeprefix("http://")
-    with no_leftover_processes(ignore=is_mp_helper):
-        parent = mp.get_context("spawn").Process(
-            target=_parent_rendezvouses_shuts_down_then_forks, args=(endpoint,)
-        )
-        parent.start()
-        parent.join(2 * CHILD_JOIN)
-        if parent.is_alive():
-            parent.kill()
-            parent.join()
-    assert parent.exitcode == 0
+    assert _in_a_fresh_parent(_parent_rendezvouses_shuts_down_then_forks, etcd) == 0
 
 
 def _parent_drops_a_handler_unshut_then_forks(endpoint: str) -> None:
@@ -216,14 +220,4 @@ def _parent_drops_a_handler_unshut_then_forks(endpoint: str) -> None:
 
 
 def test_an_etcd_client_no_handler_holds_is_closed_before_a_fork(etcd: EtcdCluster) -> None:
-    endpoint = etcd.endpoints[0].removeprefix("http://")
-    with no_leftover_processes(ignore=is_mp_helper):
-        parent = mp.get_context("spawn").Process(
-            target=_parent_drops_a_handler_unshut_then_forks, args=(endpoint,)
-        )
-        parent.start()
-        parent.join(2 * CHILD_JOIN)
-        if parent.is_alive():
-            parent.kill()
-            parent.join()
-    assert parent.exitcode == 0
+    assert _in_a_fresh_parent(_parent_drops_a_handler_unshut_then_forks, etcd) == 0
