@@ -5,6 +5,7 @@ counts behind ``--nproc-per-node gpu|xpu|auto`` where NVML finds nothing."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -107,19 +108,28 @@ def test_a_patched_agent_class_is_run_and_the_rendezvous_shut_down_once(tmp_path
     handler.shutdown.assert_called_once_with()
 
 
-@pytest.mark.timeout(60)
-def test_a_patched_run_that_fails_closes_the_rendezvous_and_records_one_failure(
-    tmp_path: Path,
-) -> None:
+def _launch_with_a_run_raising(
+    tmp_path: Path, error: BaseException
+) -> tuple[mock.MagicMock, mock.MagicMock, mock.MagicMock]:
+    """``launch_agent`` with the agent's ``run`` patched to raise ``error`` (raised here
+    too) and a mock handler; the run mock, the handler and the events recorder."""
     handler = _handler_mock()
     with (
         mock.patch("elastic.launcher.api.LocalElasticAgent.run") as run,
         mock.patch(GET_HANDLER, return_value=handler),
         mock.patch("elastic.launcher.api.events.record") as record,
     ):
-        run.side_effect = RuntimeError("any other exception")
-        with pytest.raises(RuntimeError, match="any other exception"):
+        run.side_effect = error
+        with pytest.raises(type(error), match=re.escape(str(error))):
             launch_agent(_config(tmp_path), one, [])
+    return run, handler, record
+
+
+@pytest.mark.timeout(60)
+def test_a_patched_run_that_fails_closes_the_rendezvous_and_records_one_failure(
+    tmp_path: Path,
+) -> None:
+    run, handler, record = _launch_with_a_run_raising(tmp_path, RuntimeError("any other exception"))
     run.assert_called_once()
     handler.shutdown.assert_called_once_with()
     record.assert_called_once()
@@ -131,15 +141,7 @@ def test_a_patched_run_that_fails_closes_the_rendezvous_and_records_one_failure(
 def test_a_patched_run_stopped_by_a_signal_leaves_the_rendezvous_open(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
-    handler = _handler_mock()
-    with (
-        mock.patch("elastic.launcher.api.LocalElasticAgent.run") as run,
-        mock.patch(GET_HANDLER, return_value=handler),
-        mock.patch("elastic.launcher.api.events.record") as record,
-    ):
-        run.side_effect = SignalException("test", sig)
-        with pytest.raises(SignalException):
-            launch_agent(_config(tmp_path), one, [])
+    _, handler, record = _launch_with_a_run_raising(tmp_path, SignalException("test", sig))
     handler.shutdown.assert_not_called()
     record.assert_called_once()
 
