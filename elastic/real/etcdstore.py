@@ -85,6 +85,7 @@ import math
 import os
 import random
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -226,7 +227,16 @@ def _grpc_aio_poller_running() -> bool:
 def _before_fork() -> None:
     global _poller_at_fork
     # only a process that made channels here can have a poller of ours
-    _poller_at_fork = _GRPC is not None and _grpc_aio_poller_running()
+    running = _GRPC is not None and _grpc_aio_poller_running()
+    if running and not _clients:
+        # every client is closed: gRPC's poller stops shortly after its last channel
+        # went; a fork while it is still inside gRPC can crash the child, even one that
+        # never uses gRPC (seen once in a CI run), so the fork waits for it (bounded)
+        deadline = time.monotonic() + 2.0
+        while running and time.monotonic() < deadline:
+            time.sleep(0.005)
+            running = _grpc_aio_poller_running()
+    _poller_at_fork = running
 
 
 def _after_fork_in_child() -> None:
