@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from elastic.agent.server._decide import (
     CLOSED,
+    CLOSED_AFTER_SUCCESS,
     FREE_EXIT_CODES,
     GroupAction,
     IllegalDecision,
@@ -26,7 +27,9 @@ budgets = st.integers(min_value=0, max_value=5)
 codes = st.one_of(st.just(0), st.sampled_from([1, 2, 137, 143, -9, -15, -6]), st.integers(-64, 255))
 causes = st.sampled_from(list(ExitCause))
 reasons = st.one_of(
-    st.sampled_from([CLOSED, "nodes_waiting", "member_lost", "lease_expired", ""]),
+    st.sampled_from(
+        [CLOSED, CLOSED_AFTER_SUCCESS, "nodes_waiting", "member_lost", "lease_expired", ""]
+    ),
     st.text(max_size=12),
 )
 
@@ -147,6 +150,10 @@ def test_a_membership_change_never_spends(state: WorkerState, reason: str, budge
     elif reason == CLOSED:
         assert (d.action, d.reason, d.notice) == (GroupAction.CLOSE, "rendezvous_closed", None)
         assert d.result is WorkerState.FAILED
+    elif reason == CLOSED_AFTER_SUCCESS:
+        # a peer succeeded and closed it: the workers run on, nothing is stopped
+        assert (d.action, d.result, d.reason) == (GroupAction.DETACH, None, "")
+        assert (d.notice, d.detail) == ("agent.rendezvous_closed", CLOSED_AFTER_SUCCESS)
     else:
         assert (d.action, d.reason) == (GroupAction.RESTART, "membership")
         assert d.notice == "agent.membership_change" and d.detail == reason

@@ -33,6 +33,7 @@ __all__ = [
     "AGENT_WATCHDOG",
     "ASSIGN_WORKER_RANKS",
     "MEMBERSHIP_CLOSED",
+    "MEMBERSHIP_CLOSED_AFTER_SUCCESS",
     "RANK_EXCHANGE_TIMEOUT",
     "RENDEZVOUS",
     "RESTART_FAILURE",
@@ -91,5 +92,9 @@ STOP_RENDEZVOUS_CLOSED: Final = "rendezvous_closed"
 STOP_SHUTDOWN: Final = "shutdown"
 #: a membership watch's reason when the rendezvous is closed for good
 MEMBERSHIP_CLOSED: Final = "closed"
+#: the agent's reason when the rendezvous closed while its workers run and a peer of the
+#: round has reached the exit barrier (its workers all succeeded): this node's workers
+#: are left to finish, as torch leaves them
+MEMBERSHIP_CLOSED_AFTER_SUCCESS: Final = "closed_after_success"
 #: ``agent.membership_change``'s ``reason`` when the round's rank exchange timed out
 RANK_EXCHANGE_TIMEOUT: Final = "rank_exchange_timeout"

@@ -23,7 +23,9 @@ The agent watches a running group (state ``HEALTHY``) for the first of four
     a health watch's verdict (NVML, a hang, …), with its reason;
 ``MEMBERSHIP``
     the rendezvous changed (a node joined, left, or its lease expired), with its reason;
-    the reason ``"closed"`` means the rendezvous was closed for good;
+    the reason ``"closed"`` means the rendezvous was closed for good, and
+    ``"closed_after_success"`` that it was closed after a peer of the round reached the
+    exit barrier (the driver reads that fact from the round's store before deciding);
 ``TIMEOUT``
     waiting for the round's peers timed out (the rank exchange); only while no group runs.
 
@@ -39,8 +41,11 @@ yes            EXITS         no failure and some worker still running → ``WAIT
 yes            HEALTH        state ``UNHEALTHY``, notice ``agent.unhealthy``, then
                              *spend or stop* (reason ``unhealthy``); stopping finishes
                              with result ``UNHEALTHY`` (torch's value), group ``FAILED``
-yes            MEMBERSHIP    ``"closed"`` → ``CLOSE`` (stop, finish ``FAILED``); else
-                             notice ``agent.membership_change`` and ``RESTART`` without
+yes            MEMBERSHIP    ``"closed"`` → ``CLOSE`` (stop, finish ``FAILED``);
+                             ``"closed_after_success"`` → notice
+                             ``agent.rendezvous_closed`` and ``DETACH`` (the workers
+                             run on; their exits decide, as in torch); else notice
+                             ``agent.membership_change`` and ``RESTART`` without
                              spending (reason ``membership``)
 no             MEMBERSHIP    notice ``agent.membership_change``, ``REJOIN`` (no spend);
                              even ``"closed"``: the next rendezvous then raises
@@ -57,7 +62,8 @@ restart is spent (``RESTART``, budget - 1); with none left the agent stops the g
 Guarantees (pinned by ``tests/test_decide.py`` over generated outcomes and budgets):
 the budget never goes below zero and only a spending ``RESTART`` lowers it, by exactly
 one; ``SUCCEED`` only when every worker of the group exited 0; a membership change or a
-timeout never spends; an exhausted budget ends ``FAIL`` with every failed exit recorded.
+timeout never spends; an exhausted budget ends ``FAIL`` with every failed exit recorded;
+a closed rendezvous never stops a group after a peer succeeded (``DETACH``).
 
 What each action asks of the driver:
 
@@ -67,7 +73,13 @@ What each action asks of the driver:
 * ``REJOIN``: no group runs: join the next round;
 * ``FAIL``: stop the group (``reason``), record the other workers' failures, finish with
   ``result``;
-* ``CLOSE``: stop the group (``reason``), emit ``agent.rendezvous_closed``, finish ``FAILED``.
+* ``CLOSE``: stop the group (``reason``), emit ``agent.rendezvous_closed``, finish ``FAILED``;
+* ``DETACH``: keep the group running and stop watching the closed rendezvous: the next
+  outcome can only be the workers' exits or a health verdict.  A peer that succeeded
+  closed it (torch's launcher shuts the rendezvous down when its agent finishes, after
+  the exit barrier, which may time out while this node's workers still run); stopping
+  these workers would fail a job that is finishing.  If they fail now, the restart's
+  rendezvous is refused (closed) and the agent finishes ``FAILED``, as torch's does.
 
 Before any of these the driver sets the group's state to ``state`` (when not ``None``)
 and emits ``notice`` (when not ``None``) with ``reason=detail``.
@@ -116,6 +128,7 @@ class WorkerState(str, enum.Enum):
 FREE_EXIT_CODES: frozenset[int] = frozenset()
 
 CLOSED = kinds.MEMBERSHIP_CLOSED
+CLOSED_AFTER_SUCCESS = kinds.MEMBERSHIP_CLOSED_AFTER_SUCCESS
 RANK_EXCHANGE_TIMEOUT = kinds.RANK_EXCHANGE_TIMEOUT
 
 
@@ -179,6 +192,7 @@ class GroupAction(enum.Enum):
     REJOIN = "rejoin"
     FAIL = "fail"
     CLOSE = "close"
+    DETACH = "detach"
 
 
 class Decision(Frozen):
@@ -359,6 +373,10 @@ def _on_membership(outcome: Outcome, remaining: int) -> Decision:
             outcome.reason,
             remaining,
             result=WorkerState.FAILED,
+        )
+    if outcome.reason == CLOSED_AFTER_SUCCESS:
+        return Decision(
+            GroupAction.DETACH, None, kinds.AGENT_RENDEZVOUS_CLOSED, "", outcome.reason, remaining
         )
     return Decision(
         GroupAction.RESTART,

@@ -110,6 +110,11 @@ def _get_fq_hostname() -> str:
 
 
 _TERMINAL_STATE_SYNC_ID = "torchelastic/agent/terminal_state"
+#: the exit barrier's count of agents checked in (torch's key)
+_EXIT_BARRIER_COUNT = f"{_TERMINAL_STATE_SYNC_ID}/num_members"
+#: how long the agent asks the round's store whether a peer reached the exit barrier when
+#: the rendezvous closes under a running group (seconds)
+_CLOSED_READ_TIMEOUT = 5.0
 
 
 @dataclass
@@ -464,6 +469,8 @@ class SimpleElasticAgent(ElasticAgent):
         self._seen_exits: dict[int, WorkerExit] = {}  # local rank -> exit, this group's
         # the current round's rdzv_handler.watch_async(), started before the rank exchange
         self._membership_watch: Task[str] | None = None
+        #: the rendezvous closed after a peer succeeded: the group runs on unwatched
+        self._detached = False
         self._attempt = 0
         self._rounds = 0
         self._round = 0
@@ -700,6 +707,11 @@ class SimpleElasticAgent(ElasticAgent):
                 self.metrics.put(f"workers.{role}.{d.state.name.lower()}", 1)
             if d.notice is not None:
                 self._emit_fields(d.notice, None, {"reason": d.detail})
+            if d.action is GroupAction.DETACH:
+                # the rendezvous is closed for good: only the workers' exits or a
+                # health verdict can end this group now
+                self._detached = True
+                continue
             if d.action is GroupAction.RESTART:
                 self._remaining_restarts = d.remaining
                 if not self._restart_is_own():
@@ -773,11 +785,14 @@ class SimpleElasticAgent(ElasticAgent):
             first = taker.done
         else:
             first = outcome_task = clock.spawn(self._group_outcome(wg, group), name="group-outcome")
-        tasks: list[Task[Any]] = [
-            self._membership_watch
-            or clock.spawn(wg.spec.rdzv_handler.watch_async(), name="membership-watch"),
-        ]
-        self._membership_watch = None  # cancelled below with the others
+        tasks: list[Task[Any]] = []
+        watching = not self._detached
+        if watching:
+            tasks.append(
+                self._membership_watch
+                or clock.spawn(wg.spec.rdzv_handler.watch_async(), name="membership-watch")
+            )
+            self._membership_watch = None  # cancelled below with the others
         tasks += [
             clock.spawn(h.wait_unhealthy(wg), name=f"health-{i}")
             for i, h in enumerate(self._health_watches)
@@ -796,9 +811,30 @@ class SimpleElasticAgent(ElasticAgent):
                 raise value.error
             outcome: Outcome = value
             return outcome
-        if idx == 1:
-            return Outcome.membership(str(value))
+        if idx == 1 and watching:
+            reason = str(value)
+            if reason == kinds.MEMBERSHIP_CLOSED and await self._a_peer_succeeded():
+                reason = kinds.MEMBERSHIP_CLOSED_AFTER_SUCCESS
+            return Outcome.membership(reason)
         return Outcome.health(str(value))
+
+    async def _a_peer_succeeded(self) -> bool:
+        """Whether an agent of this round has reached the exit barrier (its workers all
+        succeeded): the fact that tells a rendezvous closed by a finishing job from one
+        closed by a failed node (see ``GroupAction.DETACH``).  The barrier's count is in
+        the round's store; a store that cannot answer within
+        :data:`_CLOSED_READ_TIMEOUT` counts as no (a store hosted by the node that closed
+        may be gone with it)."""
+        store = self._store
+        if store is None:
+            return False
+        try:
+            raw = await self.clock.timeout(_CLOSED_READ_TIMEOUT, store.try_get(_EXIT_BARRIER_COUNT))
+            return raw is not None and int(raw) > 0
+        except Cancelled:
+            raise
+        except Exception:
+            return False
 
     def _outcome_is_own(self) -> bool:
         """True while how the group's exits are taken is this class's own."""
@@ -1275,9 +1311,11 @@ class SimpleElasticAgent(ElasticAgent):
         self._in_exit_barrier = True
         t0 = self.clock.now()
         try:
-            n = await store.add(f"{_TERMINAL_STATE_SYNC_ID}/count", 1)
+            # torch's keys and values (elastic.utils.store.barrier): an agent of either
+            # kind meets the other at this barrier
+            n = await store.add(_EXIT_BARRIER_COUNT, 1)
             if n >= wg.group_world_size:
-                await store.set(f"{_TERMINAL_STATE_SYNC_ID}/last_member", b"1")
+                await store.set(f"{_TERMINAL_STATE_SYNC_ID}/last_member", b"<val_ignored>")
             await store.get(f"{_TERMINAL_STATE_SYNC_ID}/last_member", self._exit_barrier_timeout)
             self._emit(kinds.AGENT_EXIT_BARRIER, duration_s=round(self.clock.now() - t0, 6))
         except Cancelled:
