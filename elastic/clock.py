@@ -84,11 +84,15 @@ class Clock(Protocol):
 
     A spawned task that fails while nobody joins it is recorded in ``unobserved`` (task
     name, error) until someone retrieves the error (``join``, ``first``): a background
-    failure is never swallowed, and the runner reports what is left.  A task cannot
-    cancel itself (``RuntimeError``): it returns instead.
+    failure is never swallowed, and the runner reports what is left.  At most
+    :data:`UNOBSERVED_KEPT` are kept (the first ones: a long run whose background tasks
+    keep failing must not grow without bound); ``unobserved_dropped`` counts the others
+    (:func:`note_unobserved`).  A task cannot cancel itself (``RuntimeError``): it
+    returns instead.
     """
 
     unobserved: list[tuple[str, BaseException]]
+    unobserved_dropped: int
 
     def now(self) -> float:
         """Seconds on this world's clock (monotonic; the sim starts at 0)."""
@@ -112,3 +116,15 @@ class Clock(Protocol):
     async def timeout(self, seconds: float, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` with a deadline; raise :class:`TimeoutError` when it passes."""
         ...
+
+
+#: how many unobserved task failures a clock keeps (see :class:`Clock`)
+UNOBSERVED_KEPT = 100
+
+
+def note_unobserved(clock: Clock, name: str, exc: BaseException) -> None:
+    """Record that task ``name`` failed with ``exc`` and nobody has retrieved it yet."""
+    if len(clock.unobserved) < UNOBSERVED_KEPT:
+        clock.unobserved.append((name, exc))
+    else:
+        clock.unobserved_dropped += 1

@@ -63,7 +63,7 @@ from simpy.core import EmptySchedule, StopSimulation
 from simpy.events import NORMAL, URGENT, AnyOf, Event, EventPriority, Process, Timeout
 from simpy.exceptions import Interrupt
 
-from elastic.clock import Cancelled, OneShot, Task, Waitable
+from elastic.clock import Cancelled, OneShot, Task, Waitable, note_unobserved
 
 __all__ = ["SimClock", "SimTaskError"]
 
@@ -206,7 +206,7 @@ class _SimTask(_Outcomes[T], Task[T]):
         except Exception as e:
             self._exc = e
             self._outcome = _O_FAILED
-            self._clock.unobserved.append((self.name, e))
+            note_unobserved(self._clock, self.name, e)
 
     def cancel(self) -> None:
         if not self._proc.is_alive:
@@ -303,7 +303,7 @@ class _Task(_Awaitable, _Outcomes[T], Task[T]):
             except Exception as e:
                 self._exc = e
                 self._outcome = _O_FAILED
-                self._clock.unobserved.append((self.name, e))
+                note_unobserved(self._clock, self.name, e)
             except BaseException as e:
                 self._coro = self._resume_cb = None
                 # the task's event fails: that crashes the run, as a Process's
@@ -868,6 +868,7 @@ class SimClock:
         # the same object, where simpy's constructors want an Environment
         self.senv = cast(simpy.Environment, self.env)
         self.unobserved: list[tuple[str, BaseException]] = []
+        self.unobserved_dropped = 0
         # on the clock's own environment a task drives its coroutine itself; on simpy's
         # (comparisons in tests) it is a simpy Process
         self._own = type(self.env) is _Env

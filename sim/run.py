@@ -199,6 +199,8 @@ def simulate(
         clock.run_first(clock.event_of(cluster.finished), deadline)
     reason = "done" if cluster.finished.is_set() else "until"
     unobserved = [f"{n}: {type(e).__name__}: {e}" for n, e in clock.unobserved]
+    if clock.unobserved_dropped:
+        unobserved.append(f"{clock.unobserved_dropped} more failed tasks (not kept)")
     cluster.emit(
         "sim.end",
         reason=reason,

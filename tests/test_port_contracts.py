@@ -48,3 +48,30 @@ def test_a_clock_that_sleeps_too_long_fails_the_sleep_check() -> None:
             await ALL_CHECKS[0](_SleepsTooLong(clock), 0.0)  # type: ignore[arg-type]
 
     run_in("sim", body)
+
+
+def test_a_clock_that_keeps_every_unobserved_failure_fails_the_cap_check(world: str) -> None:
+    from elastic.clock import note_unobserved
+    from elastic.testing.clock import (
+        check_unobserved_failures_are_kept_up_to_the_cap_and_counted_beyond as check,
+    )
+
+    def uncapped(clock: Any, name: str, exc: BaseException) -> None:
+        clock.unobserved.append((name, exc))
+
+    async def body(clock: Clock) -> None:
+        with pytest.raises(AssertionError):
+            await check(clock, SLACK[world])
+        clock.unobserved.clear()  # what the failed check left: the point of this test
+
+    import elastic.real.clock
+    import sim.clock
+
+    mp = pytest.MonkeyPatch()
+    for module in (elastic.real.clock, sim.clock):
+        assert module.note_unobserved is note_unobserved
+        mp.setattr(module, "note_unobserved", uncapped)
+    try:
+        run_in(world, body)
+    finally:
+        mp.undo()

@@ -373,6 +373,11 @@ async def launch_agent_async(
                 type(err).__name__,
                 err,
             )
+        if clock.unobserved_dropped:
+            logger.error(
+                "%d more background tasks failed and nothing awaited them (not kept)",
+                clock.unobserved_dropped,
+            )
 
 
 def _rendezvous_parameters(config: LaunchConfig) -> RendezvousParameters:

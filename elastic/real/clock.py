@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from elastic.clock import OneShot, Task, Waitable
+from elastic.clock import OneShot, Task, Waitable, note_unobserved
 
 __all__ = ["AsyncioClock", "run_sync"]
 
@@ -86,6 +86,7 @@ class AsyncioClock:
     def __init__(self) -> None:
         # (task name, error) of failed tasks whose error nobody has retrieved yet
         self.unobserved: list[tuple[str, BaseException]] = []
+        self.unobserved_dropped = 0
 
     def _observed(self, exc: BaseException) -> None:
         self.unobserved = [(n, e) for (n, e) in self.unobserved if e is not exc]
@@ -96,7 +97,7 @@ class AsyncioClock:
             return
         exc = task.exception()
         if isinstance(exc, Exception):
-            self.unobserved.append((task.get_name(), exc))
+            note_unobserved(self, task.get_name(), exc)
 
     def now(self) -> float:
         return time.monotonic()

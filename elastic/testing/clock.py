@@ -12,6 +12,7 @@ Run them all with :func:`check_clock`, or one by one from :data:`ALL_CHECKS`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 
 from elastic.clock import Cancelled, Clock, Task
@@ -172,6 +173,29 @@ async def check_a_failure_nobody_joined_is_recorded_until_joined(
     )
 
 
+async def check_unobserved_failures_are_kept_up_to_the_cap_and_counted_beyond(
+    clock: Clock, slack: float
+) -> None:
+    from elastic.clock import UNOBSERVED_KEPT
+
+    async def boom(i: int) -> None:
+        raise ValueError(f"failure {i}")
+
+    before, dropped = len(clock.unobserved), clock.unobserved_dropped
+    n = UNOBSERVED_KEPT + 7
+    tasks = [clock.spawn(boom(i), name=f"bg{i}") for i in range(n)]
+    await clock.sleep(D)
+    assert all(t.done() for t in tasks)
+    kept = len(clock.unobserved) - before
+    assert len(clock.unobserved) <= UNOBSERVED_KEPT, len(clock.unobserved)
+    assert kept + clock.unobserved_dropped - dropped == n, (kept, clock.unobserved_dropped)
+    for t in tasks:  # retrieve them all: nothing is left unobserved by this check
+        with contextlib.suppress(ValueError):
+            await t.join()
+    assert len(clock.unobserved) == before, clock.unobserved[before:]
+    clock.unobserved_dropped = dropped
+
+
 async def check_a_task_cannot_cancel_itself(clock: Clock, slack: float) -> None:
     box: list[Task[None]] = []
     outcome: list[str] = []
@@ -200,6 +224,7 @@ ALL_CHECKS: tuple[ClockCheck, ...] = (
     check_first_returns_the_earliest_and_leaves_the_others_running,
     check_first_raises_the_exception_of_a_failed_task,
     check_a_failure_nobody_joined_is_recorded_until_joined,
+    check_unobserved_failures_are_kept_up_to_the_cap_and_counted_beyond,
     check_a_task_cannot_cancel_itself,
 )
 
