@@ -117,10 +117,31 @@ def test_each_run_records_the_agents_status_once_even_with_the_null_handler(
 
 
 @pytest.mark.timeout(120)
-def test_a_failing_event_handler_does_not_hide_the_runs_outcome(
+def test_a_failing_event_handler_raises_after_a_run_as_torchs_does(
     tmp_path: Path, tagged: str
 ) -> None:
+    # torch records the agent's status before it looks at the workers' outcome, and lets
+    # the handler's error out (torch's test_launch_elastic_agent_raise_exception)
     with mock.patch("elastic.events.record", side_effect=RuntimeError("handler down")):
-        assert elastic_launch(_config(tmp_path), ok)() == {0: 1}
-        with pytest.raises(ChildFailedError):
+        with pytest.raises(RuntimeError, match="handler down"):
+            elastic_launch(_config(tmp_path), ok)()
+        with pytest.raises(RuntimeError, match="handler down"):
             elastic_launch(_config(tmp_path), boom)()
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_event_handler_does_not_hide_the_agents_own_exception(
+    tmp_path: Path, tagged: str
+) -> None:
+    class AgentDown(Exception):
+        pass
+
+    with (
+        mock.patch("elastic.events.record", side_effect=RuntimeError("handler down")),
+        mock.patch(
+            "elastic.agent.server.local_elastic_agent.LocalElasticAgent.run",
+            side_effect=AgentDown,
+        ),
+        pytest.raises(AgentDown),
+    ):
+        elastic_launch(_config(tmp_path), ok)()

@@ -459,10 +459,10 @@ async def _run_on_store(
         try:
             result = await _run_agent(agent, handler)
         except Exception:
-            _record_agent_status(config, agent.get_event_failed)
+            _record_agent_status(config, agent.get_event_failed, quiet=True)
             raise
         # torch records SUCCEEDED once the agent returns, whatever its workers' outcome
-        _record_agent_status(config, agent.get_event_succeeded)
+        _record_agent_status(config, agent.get_event_succeeded, quiet=False)
     finally:
         if event_file is not None:
             event_file.close()
@@ -572,15 +572,21 @@ def _recorder(config: LaunchConfig, run_id: str) -> EventSink | None:
         ) from None
 
 
-def _record_agent_status(config: LaunchConfig, event: Callable[[], Any]) -> None:
+def _record_agent_status(config: LaunchConfig, event: Callable[[], Any], *, quiet: bool) -> None:
     """torch's launch_agent records the agent's own status event to ``--event-log-handler``
     once per run, after it (the default handler, ``null``, drops it), through
     ``events.record`` of this module (``elastic.events``) -- where torch's tests and users'
-    hooks look for it."""
+    hooks look for it.
+
+    A handler's error propagates after a run that returned, before the workers' outcome
+    is looked at, as torch's does (torch's ``test_launch_elastic_agent_raise_exception``
+    relies on it); after a run that raised (``quiet``) it is logged, and the run's own
+    exception is the one raised (torch's would be replaced by the handler's)."""
     try:
         _module_name("events").record(event(), config.event_log_handler)
     except Exception:
-        # a failing handler must not hide the run's own outcome (or exception)
+        if not quiet:
+            raise
         logger.exception("could not record the agent's status event")
 
 
