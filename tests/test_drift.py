@@ -31,7 +31,8 @@ from tests.leftovers import no_leftover_processes
 from tests.multinode import free_port, listening
 
 AGENT = """
-import json, sys
+import json, logging, sys
+logging.basicConfig(level=logging.INFO)
 from elastic.agent.server.api import WorkerSpec
 from elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from elastic.multiprocessing.api import DefaultLogsSpecs
@@ -98,6 +99,7 @@ def _run_pair(
             assert p.returncode == 0, stderr.decode()[-2000:]
             got = json.loads(stdout.decode().strip().splitlines()[-1])
             got["took_s"] = time.monotonic() - t0
+            got["log"] = stderr.decode()
             out.append(got)
     finally:
         for p in procs:
@@ -121,6 +123,7 @@ def test_a_node_whose_workers_outlast_a_finished_peer_lets_them_finish(
     assert fast["state"] == "SUCCEEDED" and late["state"] == "SUCCEEDED", (fast, late)
     assert marker.exists()  # the worker ran to its end, not stopped by the close
     assert float(late["took_s"]) >= 4  # type: ignore[arg-type]
+    assert "closed after a peer's workers succeeded" in str(late["log"])
 
 
 @pytest.mark.timeout(90)
@@ -137,3 +140,4 @@ def test_a_rendezvous_closed_by_a_failed_node_still_stops_the_others_at_once(
     assert failed["state"] == "FAILED" and len(failed["failed"]) == 1, failed  # type: ignore[arg-type]
     assert stopped["state"] == "FAILED", stopped
     assert float(stopped["took_s"]) < 30  # type: ignore[arg-type]
+    assert "closed by another node (the job ended there); this node stops" in str(stopped["log"])

@@ -915,6 +915,19 @@ def _log_event(spec: WorkerSpec, kind: str, rank: int | None, fields: dict[str, 
                 int(fields.get("remaining_restarts", 0)) + 1,
                 spec.max_restarts,
             )
+    elif kind == kinds.AGENT_RENDEZVOUS_CLOSED:
+        if fields.get("reason") == kinds.MEMBERSHIP_CLOSED_AFTER_SUCCESS:
+            logger.info(
+                "[%s] The rendezvous was closed after a peer's workers succeeded (it "
+                "reached the exit barrier); the workers of this node run on until they exit",
+                role,
+            )
+        else:
+            logger.warning(
+                "[%s] The rendezvous was closed by another node (the job ended there); "
+                "this node stops",
+                role,
+            )
     elif kind == kinds.AGENT_GROUP_STARTED:
         logger.info(
             "[%s] Rendezvous complete for workers. Result: restart_count=%s group_rank=%s "
