@@ -141,3 +141,21 @@ def test_a_rendezvous_closed_by_a_failed_node_still_stops_the_others_at_once(
     assert stopped["state"] == "FAILED", stopped
     assert float(stopped["took_s"]) < 30  # type: ignore[arg-type]
     assert "closed by another node (the job ended there); this node stops" in str(stopped["log"])
+
+
+@pytest.mark.timeout(90)
+def test_a_c10d_store_host_that_finishes_first_keeps_the_store_up_for_the_others(
+    tmp_path: Path,
+) -> None:
+    # torch's API on c10d: the store is hosted by the process that opened it first. Its
+    # agent finishes at once and its exit barrier times out; at exit the process keeps
+    # the store up until the other agent has disconnected (close_timeout), so that one
+    # still reaches the barrier and closes the rendezvous, and both end SUCCEEDED
+    backend = ("c10d", f"127.0.0.1:{free_port()}")
+    with no_leftover_processes():
+        host, late = _run_pair(tmp_path, backend, "pass", "import time; time.sleep(4)", 3)
+    assert host["state"] == "SUCCEEDED" and late["state"] == "SUCCEEDED", (host, late)
+    assert float(host["took_s"]) >= 4  # type: ignore[arg-type]
+    log = str(late["log"])
+    assert "closed after a peer's workers succeeded" in log
+    assert "failed to shutdown" not in log and "Error waiting on exit barrier" not in log, log
