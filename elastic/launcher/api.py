@@ -410,10 +410,9 @@ def _rendezvous_parameters(config: LaunchConfig) -> RendezvousParameters:
 
 def _linger(config: LaunchConfig) -> float:
     """How long a store host waits for the other agents to leave (the close timeout)."""
-    try:
-        return float(config.rdzv_configs.get("close_timeout", 30))
-    except (TypeError, ValueError):
-        return 30.0
+    from elastic.real.rdzv_store import linger
+
+    return linger(config.rdzv_configs)
 
 
 async def _run_on_store(

@@ -33,7 +33,7 @@ from elastic.memstore import MemoryStore
 from elastic.real.clock import AsyncioClock
 from elastic.real.home_loop_store import HomeLoopStore
 from elastic.real.loop_thread import LoopThread
-from elastic.real.rdzv_store import RendezvousStore, _resolve, matches_this_machine
+from elastic.real.rdzv_store import RendezvousStore, _resolve, linger, matches_this_machine
 from elastic.rendezvous.api import (
     RendezvousConnectionError,
     RendezvousContext,
@@ -148,7 +148,7 @@ def default_context(params: RendezvousParameters) -> RendezvousContext:
                     _opened[key] = opened
                     _hook_fork()
                 if opened.hosting:
-                    _linger_at_exit(opened, loop, _close_timeout(params))
+                    _linger_at_exit(opened, loop, linger(params.config))
             else:  # another thread opened it meanwhile: this one is not needed
                 _set_aside.append(opened)
     with _lock:
@@ -164,16 +164,9 @@ def default_context(params: RendezvousParameters) -> RendezvousContext:
     )
 
 
-def _close_timeout(params: RendezvousParameters) -> float:
-    try:
-        return float(params.config.get("close_timeout", 30))
-    except (TypeError, ValueError):
-        return 30.0
-
-
-def _linger_at_exit(opened: RendezvousStore, loop: LoopThread, linger: float) -> None:
+def _linger_at_exit(opened: RendezvousStore, loop: LoopThread, seconds: float) -> None:
     """A store this process hosts stays up when the process exits until every other
-    agent has disconnected, at most ``linger`` s (the rendezvous' ``close_timeout``), as
+    agent has disconnected, at most ``seconds`` (the rendezvous' ``close_timeout``), as
     ``elastic run``'s does: a host whose agent finished first must not take the store
     from the others' exit barrier, close and leave (torch's TCPStore goes with its
     process, and the others' shutdown fails).  Run by ``multiprocessing``'s exit
@@ -187,7 +180,7 @@ def _linger_at_exit(opened: RendezvousStore, loop: LoopThread, linger: float) ->
         if os.getpid() != owner or loop._closed:
             return
         try:
-            loop.run(opened.aclose(linger=linger))
+            loop.run(opened.aclose(linger=seconds))
         except Exception as e:  # best effort, at exit
             logger.debug("closing the hosted rendezvous store failed: %s", e)
 

@@ -143,6 +143,16 @@ def _token(conf: Mapping[str, Any]) -> str | None:
     return None if token is None else str(token)
 
 
+def linger(conf: Mapping[str, Any]) -> float:
+    """How long a store host waits at its close for the other agents to leave: the
+    rendezvous' ``close_timeout`` (30 s; the handler refuses a bad value, so here one
+    only falls back to the default)."""
+    try:
+        return float(conf.get("close_timeout", 30))
+    except (TypeError, ValueError):
+        return 30.0
+
+
 def _float_key(conf: Mapping[str, Any], key: str, default: float) -> float:
     raw = conf.get(key)
     if raw is None:
