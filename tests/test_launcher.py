@@ -135,3 +135,19 @@ def test_local_elastic_agent_constructor_reads_only_what_torchs_does(tmp_path: P
     )
     assert agent._shutdown_timeout == 240 and agent._exit_barrier_timeout == 300
     assert agent._remaining_restarts == 3
+
+
+def test_the_entrypoint_name_follows_torchs_rule() -> None:
+    import sys
+
+    from elastic.launcher.api import _get_entrypoint_name
+
+    def simple_rank_scale() -> None:
+        pass
+
+    assert _get_entrypoint_name(simple_rank_scale, []) == "simple_rank_scale"
+    assert _get_entrypoint_name(sys.executable, []) == ""
+    assert _get_entrypoint_name(sys.executable, ["-u"]) == ""
+    assert _get_entrypoint_name(sys.executable, ["-u", "train.py"]) == "train.py"
+    assert _get_entrypoint_name("/bin/echo", ["hi"]) == "/bin/echo"
+    assert _get_entrypoint_name(None, []) == ""

@@ -585,3 +585,152 @@ def test_wait_with_a_result_closes_the_context(tmp_path: Path) -> None:
     assert pc.wait() is result
     pc.close()  # a no-op now
     assert all(not psutil.pid_exists(p) or gone(p) for p in pc.pids().values())
+
+
+# -- 7. torch's start sequence and helpers, read through the api module ------------------------
+
+
+class _RecordingSignals:
+    """A stand-in for the ``signal`` module as ``PContext.start`` reads it from
+    ``elastic.multiprocessing.api``: records what would be installed, refuses some."""
+
+    SIGTERM, SIGHUP, SIGUSR1 = signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1
+
+    def __init__(self, refuse: tuple[signal.Signals, ...] = ()) -> None:
+        self.installed: list[tuple[Any, Any]] = []
+        self.refuse = refuse
+
+    def getsignal(self, sig: Any) -> Any:
+        return signal.SIG_DFL
+
+    def signal(self, sig: Any, handler: Any) -> None:
+        if sig in self.refuse:
+            raise RuntimeError("not supported here")
+        self.installed.append((sig, handler))
+
+
+def test_start_installs_the_handlers_then_starts_then_starts_the_tailers(tmp_path: Path) -> None:
+    calls: list[object] = []
+
+    class Tail:
+        def start(self) -> None:
+            calls.append("tail")
+
+    class Probe(SubprocessContext):
+        def _start(self) -> None:
+            handled = signal.getsignal(signal.SIGTERM) is mp_api._terminate_process_handler
+            calls.append(("_start", handled))
+
+    pc = Probe("p", "/bin/true", {0: ()}, envs(1), DefaultLogsSpecs(str(tmp_path)))
+    pc._tail_logs = [Tail()]  # type: ignore[list-item]
+    pc.start()
+    try:
+        assert calls == [("_start", True), "tail"]
+    finally:
+        pc.close()
+    assert signal.getsignal(signal.SIGTERM) is not mp_api._terminate_process_handler
+
+
+def test_start_reads_signal_and_the_platform_through_the_api_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = _RecordingSignals(refuse=(signal.SIGHUP,))
+    monkeypatch.setattr(mp_api, "signal", fake)
+    monkeypatch.setattr(mp_api, "IS_WINDOWS", True)
+    monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGHUP,SIG_IGN,Signals,SIGUSR1")
+
+    class Probe(SubprocessContext):
+        def _start(self) -> None:
+            pass
+
+    with caplog.at_level(logging.INFO, logger="elastic.multiprocessing.api"):
+        pc = Probe("p", "/bin/true", {0: ()}, envs(1), DefaultLogsSpecs(str(tmp_path)))
+        pc.start()
+    pc.close()
+    assert fake.installed == [
+        (signal.SIGTERM, mp_api._terminate_process_handler),
+        (signal.SIGUSR1, mp_api._terminate_process_handler),
+    ]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "Signal SIGHUP is not supported on Windows, skipping" in infos
+    assert "Registered signal handler for SIGUSR1" in infos
+    assert any("SIG_IGN" in w for w in warnings) and any("Signals" in w for w in warnings)
+    # the process's own handlers were not touched, and nothing is left to put back
+    assert pcontext_mod._Handlers.holders == 0 and not pcontext_mod._Handlers.saved
+
+
+def test_a_refused_signal_off_windows_is_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(mp_api, "signal", _RecordingSignals(refuse=(signal.SIGHUP,)))
+    monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGHUP")
+
+    class Probe(SubprocessContext):
+        def _start(self) -> None:
+            pass
+
+    with caplog.at_level(logging.INFO, logger="elastic.multiprocessing.api"):
+        pc = Probe("p", "/bin/true", {0: ()}, envs(1), DefaultLogsSpecs(str(tmp_path)))
+        pc.start()
+    pc.close()
+    assert [r.levelno for r in caplog.records if "SIGHUP" in r.getMessage()] == [logging.WARNING]
+
+
+def test_start_may_be_called_once(tmp_path: Path) -> None:
+    pc = start_processes("t", "/bin/true", {0: ()}, envs(1), DefaultLogsSpecs(str(tmp_path)))
+    try:
+        with pytest.raises(RuntimeError, match="called once"):
+            pc.start()
+    finally:
+        pc.close()
+    assert signal.getsignal(signal.SIGTERM) is not mp_api._terminate_process_handler
+
+
+def _wrapped_echo(msg: str) -> str:
+    # to the file descriptors (what the redirection moves; pytest replaces sys.stdout)
+    os.write(1, f"{msg} stdout from {os.environ['RANK']}\n".encode())
+    os.write(2, f"{msg} stderr from {os.environ['RANK']}\n".encode())
+    return f"{msg}_{os.environ['RANK']}"
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def put(self, obj: Any, /) -> None:
+        self.items.append(obj)
+
+
+def test_wrap_runs_one_rank_in_this_process_as_torch_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "before")  # (restored after the test)
+    out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    queue, done = _Queue(), threading.Event()
+    done.set()
+    mp_api._wrap(
+        local_rank=1,
+        fn=_wrapped_echo,
+        args={1: ("hello",)},
+        envs={1: {"RANK": "1"}},
+        stdout_redirects={1: str(out)},
+        stderr_redirects={1: str(err)},
+        ret_vals={1: queue},
+        queue_finished_reading_event=done,
+        numa_options=None,
+    )
+    assert queue.items == ["hello_1"]
+    assert "hello stdout from 1" in out.read_text()
+    assert "hello stderr from 1" in err.read_text()
+    assert os.environ["RANK"] == "1"
+
+
+def test_wrap_looks_up_the_rank_before_it_changes_anything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RANK", "before")
+    with pytest.raises(KeyError):
+        mp_api._wrap(0, _wrapped_echo, {0: ("x",)}, {0: {"RANK": "0"}}, {0: ""}, {0: ""},
+                     {}, threading.Event())  # fmt: skip
+    assert os.environ["RANK"] == "before"

@@ -130,7 +130,7 @@ class elastic_launch:  # torch's name
         )
 
 
-def _entrypoint_name(entrypoint: Callable[..., Any] | str | None, args: list[Any]) -> str:
+def _get_entrypoint_name(entrypoint: Callable[..., Any] | str | None, args: list[Any]) -> str:
     """torch's rule: a function's name; for the Python executable, the script; else the command."""
     if callable(entrypoint):
         return str(getattr(entrypoint, "__name__", entrypoint))
@@ -465,7 +465,7 @@ async def _run_on_store(
     finally:
         if event_file is not None:
             event_file.close()
-    return _outcome(config, agent, result, logs_specs, _entrypoint_name(entrypoint, args))
+    return _outcome(config, agent, result, logs_specs, _get_entrypoint_name(entrypoint, args))
 
 
 def _rendezvous_handler(

@@ -43,14 +43,16 @@ import logging
 import os
 import re
 import shutil
-import signal
+import signal as signal  # (re-exported: read as elastic.multiprocessing.api.signal)
+import sys
 import tempfile
+import threading as threading  # (the same)
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import IntFlag
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from elastic.errors import ElasticError
 
@@ -134,6 +136,11 @@ class SignalException(ElasticError):
 
 logger = logging.getLogger(__name__)
 
+#: torch's platform flags; :meth:`PContext.start` reads ``threading``, ``signal``,
+#: ``logger`` and ``IS_WINDOWS`` through this module, as torch's does (its tests patch them)
+IS_WINDOWS = sys.platform == "win32"
+IS_MACOS = sys.platform == "darwin"
+
 #: how many stops are under way (:func:`_signals_held`), and the signals held meanwhile
 _hold_depth = 0
 _held: list[signal.Signals] = []
@@ -189,6 +196,58 @@ def get_std_cm(
     if not std_rd:
         return contextlib.nullcontext()
     return redirect_fn(std_rd)
+
+
+class _ReturnQueue(Protocol):
+    def put(self, obj: Any, /) -> None: ...
+
+
+class _Waitable(Protocol):
+    def wait(self, timeout: float | None = None, /) -> bool: ...
+
+
+def _wrap(
+    local_rank: int,
+    fn: Callable[..., Any],
+    args: dict[int, tuple[Any, ...]],
+    envs: dict[int, dict[str, str]],
+    stdout_redirects: dict[int, str],
+    stderr_redirects: dict[int, str],
+    ret_vals: dict[int, _ReturnQueue],
+    queue_finished_reading_event: _Waitable,
+    numa_options: Any = None,
+) -> None:
+    """torch's body of one rank of a function run, in the calling process.
+
+    Looks up the rank's entries first (a missing one raises ``KeyError`` before anything
+    changes), sets the rank's environment in ``os.environ``, runs ``fn(*args)`` under
+    :func:`~elastic.multiprocessing.errors.record` with stdout/stderr redirected to the
+    rank's files (``""``: left on the console), puts the return value on the rank's
+    queue and waits until ``queue_finished_reading_event`` is set (the reader has it).
+
+    Our :class:`MultiprocessContext` does not call it: it starts a function by name in a
+    fresh interpreter and carries arguments and results as data, not pickles (see
+    :mod:`elastic.multiprocessing.pcontext`).  It is here for code written against
+    torch's helper; ``numa_options`` is accepted and ignored with a warning, as there.
+    """
+    args_ = args[local_rank]
+    env_ = envs[local_rank]
+    ret_val_ = ret_vals[local_rank]
+    from elastic.multiprocessing.errors import record
+    from elastic.multiprocessing.redirects import redirect_stderr, redirect_stdout
+
+    stdout_cm = get_std_cm(stdout_redirects[local_rank], redirect_stdout)
+    stderr_cm = get_std_cm(stderr_redirects[local_rank], redirect_stderr)
+    if numa_options is not None:
+        logger.warning(
+            "numa_options=%r is ignored: elastic does not bind workers to NUMA nodes",
+            numa_options,
+        )
+    os.environ.update(env_)
+    with stdout_cm, stderr_cm:
+        ret = record(fn)(*args_)
+    ret_val_.put(ret)
+    queue_finished_reading_event.wait()
 
 
 _VALUE_REGEX = re.compile(r"^[0123]$")

@@ -108,36 +108,49 @@ class _Handlers:
 
     @classmethod
     def install(cls) -> bool:
-        """Install the handler for the configured signals; False when not possible here."""
-        if threading.current_thread() is not threading.main_thread():
-            logger.warning(
-                "Failed to register signal handlers since elastic is running on a child "
-                "thread: a SIGTERM/SIGINT will not raise SignalException here (the worker "
-                "processes still die with this process)."
+        """Install the handler for the configured signals; False when not possible here.
+
+        As torch's ``PContext.start``: through :mod:`elastic.multiprocessing.api`'s
+        ``threading``, ``signal``, ``logger`` and ``IS_WINDOWS``; a name that is not a
+        signal is a warning, a signal the platform cannot handle an info line on Windows.
+        """
+        threading_, signal_, log = _api.threading, _api.signal, _api.logger
+        if threading_.current_thread() is not threading_.main_thread():
+            log.warning(
+                "Failed to register signal handlers since torchelastic is running on a child "
+                "thread. This could lead to orphaned worker processes if the torchrun is "
+                "terminated."
             )
             return False
         names = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", DEFAULT_SIGNALS)
+        # the process's handlers are saved and put back only when the signal module
+        # really installed ours (not a stand-in)
+        real = signal_ is signal
         for name in names.split(","):
             name = name.strip()
             if not name:
                 continue
             try:
-                sig = signal.Signals[name]
-                previous = signal.getsignal(sig)
-                signal.signal(sig, _api._terminate_process_handler)
-            except (KeyError, ValueError, OSError, RuntimeError) as e:
-                logger.warning(
-                    "Failed to register signal handler for %s (%s: %s)",
-                    name,
-                    type(e).__name__,
-                    e,
-                )
+                if not name.startswith("SIG") or name.startswith("SIG_"):
+                    raise AttributeError(f"{name!r} is not the name of a signal")
+                sig = getattr(signal_, name)
+                previous = signal_.getsignal(sig)
+                signal_.signal(sig, _api._terminate_process_handler)
+            except RuntimeError as e:
+                if _api.IS_WINDOWS and name in ("SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"):
+                    log.info("Signal %s is not supported on Windows, skipping", name)
+                else:
+                    log.warning("Failed to register signal handler for %s: %s", name, e)
                 continue
-            if sig not in cls.saved and previous is not _api._terminate_process_handler:
+            except (AttributeError, ValueError, OSError, TypeError) as e:
+                log.warning("Failed to register signal handler for %s: %s", name, e)
+                continue
+            if real and sig not in cls.saved and previous is not _api._terminate_process_handler:
                 cls.saved[sig] = previous
-            logger.info("Registered signal handler for %s", name)
-        cls.holders += 1
-        return True
+            log.info("Registered signal handler for %s", name)
+        if real:
+            cls.holders += 1
+        return real
 
     @classmethod
     def release(cls) -> None:
@@ -231,33 +244,44 @@ class PContext:
         return isinstance(self.entrypoint, str)
 
     def start(self) -> None:
-        """Install the signal handlers (see the module) and start the processes (once)."""
+        """Install the signal handlers (see the module) and start the processes (once).
+
+        torch's order: the handlers, then :meth:`_start`, then the log tailers."""
+        self._check_startable()
+        self._handlers_installed = _Handlers.install()
+        self._start()
+        for tail_log in self._tail_logs:
+            tail_log.start()
+
+    def _check_startable(self) -> None:
         if self._group is not None or self._closed:
             raise RuntimeError(f"{type(self).__name__}.start() may be called once")
-        workers = FilteringWorkers(
-            self.logs_specs,
-            role=self.name,
-            # every worker is a fresh interpreter (exec): forkserver's isolation is spawn's
-            start_method="spawn" if self.start_method == "forkserver" else self.start_method,
-            subreaper=False,
-            reaper=False,
-            prefixes=self._prefixes,
-            filters=self._filters,
-        )
-        self._workers = workers
-        self._loop = LoopThread(name=f"pcontext-{self.name}")
-        launches = [
-            WorkerLaunch(
-                local_rank=r,
-                global_rank=r,
-                env=dict(self.envs[r]),
-                entrypoint=self.entrypoint,
-                args=tuple(self.args[r]),
-            )
-            for r in range(self.nprocs)
-        ]
-        self._handlers_installed = _Handlers.install()
+
+    def _start(self) -> None:
+        """Spawn the processes; on any error (a signal included) stop those started."""
         try:
+            workers = FilteringWorkers(
+                self.logs_specs,
+                role=self.name,
+                # every worker is a fresh interpreter (exec): forkserver's isolation is spawn's
+                start_method="spawn" if self.start_method == "forkserver" else self.start_method,
+                subreaper=False,
+                reaper=False,
+                prefixes=self._prefixes,
+                filters=self._filters,
+            )
+            self._workers = workers
+            self._loop = LoopThread(name=f"pcontext-{self.name}")
+            launches = [
+                WorkerLaunch(
+                    local_rank=r,
+                    global_rank=r,
+                    env=dict(self.envs[r]),
+                    entrypoint=self.entrypoint,
+                    args=tuple(self.args[r]),
+                )
+                for r in range(self.nprocs)
+            ]
             # a signal during the spawn is raised once the group exists, so that close()
             # can stop every process started
             with _signals_held():
