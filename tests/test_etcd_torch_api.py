@@ -202,3 +202,50 @@ def test_an_agent_run_on_its_own_loop_drives_a_handler_whose_store_lives_on_anot
     finally:
         spec.rdzv_handler.shutdown()  # as torch's launcher does: its lease goes too
     assert result is not None and result.state == WorkerState.SUCCEEDED, result
+
+
+def _two_loopback_addrs() -> list[tuple[object, ...]]:
+    import socket
+
+    a = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))
+    return [a, a]
+
+
+def test_find_free_port_tries_the_next_address_when_a_socket_cannot_be_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    from elastic.rendezvous.etcd_server import find_free_port
+
+    real_socket, calls = socket.socket, []
+
+    def flaky(*args: object) -> socket.socket:
+        calls.append(args)
+        if len(calls) == 1:
+            raise OSError("socket failed")
+        return real_socket(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: _two_loopback_addrs())
+    monkeypatch.setattr(socket, "socket", flaky)
+    sock = find_free_port()
+    try:
+        assert len(calls) == 2 and sock.getsockname()[1] > 0
+    finally:
+        sock.close()
+
+
+def test_find_free_port_with_no_usable_address_raises_runtime_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    from elastic.rendezvous.etcd_server import find_free_port
+
+    def broken(*args: object) -> socket.socket:
+        raise OSError("socket failed")
+
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: _two_loopback_addrs())
+    monkeypatch.setattr(socket, "socket", broken)
+    with pytest.raises(RuntimeError, match="Failed to create a socket"):
+        find_free_port()

@@ -66,11 +66,25 @@ def find_etcd_binary() -> str:
 
 
 def find_free_port() -> socket.socket:
-    """A socket bound to a free 127.0.0.1 port, held until the caller closes it."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    s.listen(0)
-    return s
+    """A socket bound to a free loopback port, held until the caller closes it.
+
+    Tries each address ``getaddrinfo`` gives for 127.0.0.1 in turn; a socket that
+    cannot be made or bound is logged and the next address tried; ``RuntimeError``
+    ("Failed to create a socket") when none works (torch's contract).
+    """
+    addrs = socket.getaddrinfo("127.0.0.1", None, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    for family, type_, proto, _, sockaddr in addrs:
+        s: socket.socket | None = None
+        try:
+            s = socket.socket(family, type_, proto)
+            s.bind((str(sockaddr[0]), 0))
+            s.listen(0)
+            return s
+        except OSError as e:
+            if s is not None:
+                s.close()
+            log.warning("Socket creation attempt failed: %s", e)
+    raise RuntimeError("Failed to create a socket")
 
 
 class EtcdServer:
