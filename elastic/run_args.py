@@ -74,7 +74,8 @@ class LaunchConfig:
 
     After construction: ``rdzv_configs`` has ``"timeout"`` (``rdzv_timeout`` if not -1,
     else 900 unless given), ``shutdown_timeout`` is seconds ≥ 0, an int when whole (None →
-    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` or 30).  The caller's ``rdzv_configs`` dict is
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` or 30), ``exit_barrier_timeout`` is seconds ≥ 0 (None →
+    ``TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT`` or 300).  The caller's ``rdzv_configs`` dict is
     copied, not changed.  ``logs_specs`` is kept for callers of torch's API; ``elastic
     run`` fills the plain fields below it instead, from which the launcher builds its
     logs specs.
@@ -105,6 +106,9 @@ class LaunchConfig:
     virtual_local_rank: bool = False
     # seconds; fractions allowed (torch: whole seconds), e.g. for elastic real --time-scale
     shutdown_timeout: float | None = None
+    #: seconds the exit barrier waits for the other nodes (newer torch's field; None →
+    #: ``TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT`` or 300)
+    exit_barrier_timeout: float | None = None
     # --- beyond torch --------------------------------------------------------------
     #: ``--log-dir`` (None: a temporary directory chosen by the launcher).
     log_dir: str | None = None
@@ -146,6 +150,9 @@ class LaunchConfig:
         if not value < float("inf"):
             raise ConfigError(where, f"got {value:g}; expected a finite number of seconds >= 0")
         self.shutdown_timeout = int(value) if float(value).is_integer() else value
+        from elastic.agent.server.api import resolve_exit_barrier_timeout
+
+        self.exit_barrier_timeout = resolve_exit_barrier_timeout(self.exit_barrier_timeout)
 
 
 # --- the parser ---------------------------------------------------------------------

@@ -312,3 +312,51 @@ def test_patches_of_the_real_torch_cuda_are_seen_as_in_torchs_launcher_test() ->
         mock.patch("torch.cuda.device_count", return_value=3),
     ):
         assert _world("gpu") == 3
+
+
+# -- the exit barrier's timeout: argument, TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT, 300 ------------
+
+
+def test_the_exit_barrier_timeout_comes_from_the_config_the_environment_or_300(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT", raising=False)
+    assert _config(tmp_path).exit_barrier_timeout == 300.0
+    monkeypatch.setenv("TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT", "30")
+    assert _config(tmp_path).exit_barrier_timeout == 30.0
+    explicit = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, exit_barrier_timeout=0)
+    assert explicit.exit_barrier_timeout == 0.0
+    with pytest.raises(ValueError, match="exit_barrier_timeout must be non-negative"):
+        LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, exit_barrier_timeout=-1)
+    monkeypatch.setenv("TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT", "soon")
+    with pytest.raises(ConfigError) as e:
+        _config(tmp_path)
+    assert e.value.where == "TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT" and "'soon'" in e.value.message
+
+
+def test_the_launcher_hands_the_exit_barrier_timeout_to_the_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT", "42")
+    with (
+        mock.patch("elastic.launcher.api.LocalElasticAgent") as agent_cls,
+        mock.patch(GET_HANDLER, return_value=mock.Mock()),
+    ):
+        agent_cls.return_value.run.return_value = RunResult(WorkerState.SUCCEEDED)
+        launch_agent(_config(tmp_path), sys.executable, ["-c", "pass"])
+    assert agent_cls.call_args.kwargs["exit_barrier_timeout"] == 42.0
+
+
+def test_an_agent_built_without_a_timeout_reads_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from elastic.agent.server.api import WorkerSpec
+
+    spec = WorkerSpec(role="r", local_world_size=1, rdzv_handler=mock.Mock(), entrypoint="x")
+    monkeypatch.setenv("TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT", "750")
+    agent = local_elastic_agent.LocalElasticAgent(spec, reaper=False)
+    assert agent._exit_barrier_timeout == 750.0
+    agent = local_elastic_agent.LocalElasticAgent(spec, exit_barrier_timeout=200, reaper=False)
+    assert agent._exit_barrier_timeout == 200.0
+    monkeypatch.delenv("TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT")
+    assert local_elastic_agent.LocalElasticAgent(spec, reaper=False)._exit_barrier_timeout == 300.0

@@ -30,6 +30,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in list(os.environ):
         if name.startswith("PET_") or name in (
             "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+            "TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT",
             "PYTHON_EXEC",
             "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
         ):

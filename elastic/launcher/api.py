@@ -446,6 +446,7 @@ async def _run_on_store(
             start_method=config.start_method,
             log_line_prefix_template=config.log_line_prefix_template,
             shutdown_timeout=float(config.shutdown_timeout or 0),
+            exit_barrier_timeout=config.exit_barrier_timeout,
             health_check_server=health_check_server,
             events=events,
             extra_env=extra_env,

@@ -35,6 +35,8 @@ from __future__ import annotations
 import abc
 import inspect
 import json
+import math
+import os
 import warnings
 import weakref
 from collections.abc import Awaitable, Callable
@@ -52,7 +54,7 @@ from elastic.agent.server._decide import (
 )
 from elastic.agent.server.role_info import RoleInstanceInfo as _RoleInstanceInfo  # noqa: F401 (torch's private name, imported by its tests)
 from elastic.clock import Cancelled, Clock, OneShot, Task, Waitable
-from elastic.errors import ElasticError
+from elastic.errors import ConfigError, ElasticError
 from elastic.events import (
     AgentEvent,
     EventSink,
@@ -401,6 +403,35 @@ def torch_hook_refusal(cls: type) -> str | None:
     return None
 
 
+#: the variable torch's newer releases read for the exit barrier's timeout when none is
+#: given (users set it to skip the 5-minute wait between short jobs); else 300 s
+TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT = "TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT"
+DEFAULT_EXIT_BARRIER_TIMEOUT = 300.0
+
+
+def resolve_exit_barrier_timeout(value: float | None, where: str = "exit_barrier_timeout") -> float:
+    """``value`` in seconds, else ``TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT``, else 300.
+
+    A negative, infinite or unparsable value is a :class:`ConfigError` (a ``ValueError``)
+    naming where it came from (torch's words: "exit_barrier_timeout must be non-negative").
+    """
+    if value is None:
+        raw = os.environ.get(TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT)
+        if raw is None:
+            return DEFAULT_EXIT_BARRIER_TIMEOUT
+        where = TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(where, f"got {raw!r}; expected seconds >= 0") from None
+    seconds = float(value)
+    if seconds < 0:
+        raise ConfigError(where, f"exit_barrier_timeout must be non-negative, got {seconds:g}")
+    if not math.isfinite(seconds):
+        raise ConfigError(where, f"got {seconds:g}; expected a finite number of seconds >= 0")
+    return seconds
+
+
 class SimpleElasticAgent(ElasticAgent):
     """The elastic agent, event-driven, over the clock, store and workers ports.
 
@@ -421,7 +452,7 @@ class SimpleElasticAgent(ElasticAgent):
     def __init__(
         self,
         spec: WorkerSpec,
-        exit_barrier_timeout: float = 300,
+        exit_barrier_timeout: float | None = None,
         shutdown_timeout: float = 30,
         *,
         clock: Clock | None = None,
@@ -437,7 +468,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._worker_group = WorkerGroup(spec)
         self._remaining_restarts = spec.max_restarts
         self._store: Store | None = None
-        self._exit_barrier_timeout = exit_barrier_timeout
+        self._exit_barrier_timeout = resolve_exit_barrier_timeout(exit_barrier_timeout)
         self._shutdown_timeout = shutdown_timeout
         self._total_execution_time = 0
         self._in_exit_barrier = False

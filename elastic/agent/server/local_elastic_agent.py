@@ -223,7 +223,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         spec: WorkerSpec,
         logs_specs: LogsSpecs | None = None,
         start_method: str = "spawn",
-        exit_barrier_timeout: float = 300,
+        exit_barrier_timeout: float | None = None,
         log_line_prefix_template: str | None = None,
         shutdown_timeout: float = 30,
         health_check_server: Any = None,
