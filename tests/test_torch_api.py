@@ -561,3 +561,32 @@ def test_get_rendezvous_handler_with_params_alone_works_for_every_builtin_backen
         info.store.set("k", b"v")
         assert info.store.get("k") == b"v"
         h.shutdown()
+
+
+def test_submodules_are_attributes_of_their_packages_as_in_torch() -> None:
+    """torch's packages import these submodules, so ``pkg.sub.Name`` works after
+    ``import pkg`` alone; here they load on first use (a fresh interpreter shows it)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import elastic.agent.server as server, elastic.multiprocessing as mp
+import elastic.rendezvous as rdzv, elastic.utils as utils
+assert "elastic.agent.server.local_elastic_agent" not in sys.modules
+assert server.local_elastic_agent.LocalElasticAgent.__name__ == "LocalElasticAgent"
+assert server.health_check_server.HealthCheckServer.__name__ == "HealthCheckServer"
+assert callable(mp.redirects.redirect_stdout) and mp.subprocess_handler.SubprocessHandler
+assert rdzv.dynamic_rendezvous.DynamicRendezvousHandler and rdzv.utils.parse_rendezvous_endpoint
+assert utils.distributed.get_free_port and utils.logging.get_logger and utils.log_level
+from elastic.rendezvous.registry import create_handler, handler_registry
+from elastic.rendezvous.dynamic_rendezvous import create_handler as dyn_create
+assert create_handler is dyn_create and handler_registry is rdzv.rendezvous_handler_registry
+try:
+    utils.no_such_module
+except AttributeError as e:
+    assert "no_such_module" in str(e)
+else:
+    raise AssertionError("an unknown name must raise AttributeError")
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

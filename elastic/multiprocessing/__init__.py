@@ -54,10 +54,17 @@ _LAZY = {
 }
 
 
+#: submodules reachable as attributes without an import of their own, as torch's package
+#: imports them
+_SUBMODULES = frozenset(("errors", "pcontext", "redirects", "subprocess_handler", "tail_log"))
+
+
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(module), name)

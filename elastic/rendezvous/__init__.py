@@ -9,6 +9,8 @@ backend-driven construction (``DynamicRendezvousHandler.from_backend`` over a
 or a user's own) runs the same rendezvous over :mod:`.backend_store`.
 """
 
+from typing import Any
+
 from elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -49,3 +51,27 @@ __all__ = [
     "get_rendezvous_handler",
     "rendezvous_handler_registry",
 ]
+
+
+#: submodules reachable as attributes without an import of their own, as torch's
+#: package imports them (imported on first use, so importing the package stays light)
+_SUBMODULES = frozenset(
+    (
+        "c10d_rendezvous_backend",
+        "dynamic_rendezvous",
+        "etcd_rendezvous",
+        "etcd_rendezvous_backend",
+        "etcd_server",
+        "etcd_store",
+        "static_tcp_rendezvous",
+        "utils",
+    )
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

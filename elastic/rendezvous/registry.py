@@ -130,6 +130,8 @@ def _hand_back_when_done(
 
 
 rendezvous_handler_registry = RendezvousHandlerRegistry()
+#: torch's other name for it in this module
+handler_registry = rendezvous_handler_registry
 
 
 def get_rendezvous_handler(
@@ -218,3 +220,13 @@ def _register_out_of_tree_handlers() -> None:
 
 
 _register_default_handlers()
+
+
+def __getattr__(name: str) -> Any:
+    # torch's module re-exports dynamic_rendezvous.create_handler (imported on first use:
+    # that module imports this one)
+    if name == "create_handler":
+        from elastic.rendezvous.dynamic_rendezvous import create_handler
+
+        return create_handler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

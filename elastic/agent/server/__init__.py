@@ -1,5 +1,7 @@
 """The agent server API (torch's ``torch.distributed.elastic.agent.server``)."""
 
+from typing import Any
+
 from elastic.agent.server.api import (
     DEFAULT_ROLE,
     ElasticAgent,
@@ -30,3 +32,21 @@ __all__ = [
     "WorkerStartRefused",
     "WorkerState",
 ]
+
+
+#: submodules reachable as attributes without an import of their own, as torch's
+#: package imports them (imported on first use, so importing the package stays light)
+_SUBMODULES = frozenset(
+    (
+        "health_check_server",
+        "local_elastic_agent",
+    )
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
