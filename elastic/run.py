@@ -63,6 +63,7 @@ __all__ = [
 #: the command line imports run_args itself only once it runs)
 _RUN_ARGS_NAMES = frozenset(
     {
+        "_get_logs_specs_class",
         "config_from_args",
         "determine_local_world_size",
         "get_args_parser",

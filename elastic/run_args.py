@@ -35,7 +35,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from elastic._records import Frozen, set_fields
 from elastic.cliparse import plain
@@ -60,6 +60,9 @@ __all__ = [
 ]
 
 from elastic.multiprocessing.api import Std  # the one Std, at torch's place
+
+if TYPE_CHECKING:
+    from elastic.multiprocessing.api import LogsSpecs
 
 logger = logging.getLogger(__name__)
 
@@ -487,13 +490,13 @@ def get_args_parser(prog: str = "elastic run") -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse ``argv`` (default: ``sys.argv[1:]``).
+def parse_args(args: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse ``args`` (torch's parameter name; default: ``sys.argv[1:]``).
 
     Raises :class:`ConfigError` for a bad ``PET_`` value of a flag not given; argparse's
     own errors exit with status 2 after one line on stderr.
     """
-    ns = get_args_parser().parse_args(list(argv) if argv is not None else None)
+    ns = get_args_parser().parse_args(list(args) if args is not None else None)
     check_env_values(ns)
     return ns
 
@@ -645,6 +648,59 @@ def _local_ranks(value: str) -> frozenset[int] | None:
     return ranks
 
 
+#: the entry point group of torchrun's ``--logs-specs`` plugins
+LOGS_SPECS_GROUP = "torchrun.logs_specs"
+
+
+def _get_logs_specs_class(logs_specs_name: str | None) -> type[LogsSpecs]:
+    """torch's ``--logs-specs`` plugin lookup: the class named ``logs_specs_name`` in entry
+    point group ``torchrun.logs_specs``; :class:`DefaultLogsSpecs` for None or
+    ``"default"`` (torch registers its own class under that name, ours is used).
+
+    A plugin subclasses :class:`elastic.multiprocessing.api.LogsSpecs`; one written for
+    torch (a subclass of torch's ``LogsSpecs``) is run through an adapter that hands it
+    torch's ``Std`` and reads its ``LogsDest`` back.  A missing name is a
+    :class:`ConfigError` (a ``ValueError``, as torch's) in torch's words; a plugin that
+    does not load, or is neither kind, is one too.
+    """
+    from elastic.multiprocessing.api import DefaultLogsSpecs, LogsSpecs
+
+    if logs_specs_name in (None, "default"):
+        return DefaultLogsSpecs
+    from importlib import metadata
+
+    found = metadata.entry_points(group=LOGS_SPECS_GROUP).select(name=logs_specs_name)
+    ep = next(iter(found), None)
+    if ep is None:
+        raise ConfigError(
+            "--logs-specs",
+            f"Could not find entrypoint under '{LOGS_SPECS_GROUP}[{logs_specs_name}]' key",
+        )
+    try:
+        cls = ep.load()
+    except Exception as e:  # the plugin's own import error, shown in one line
+        raise ConfigError(
+            "--logs-specs", f"{logs_specs_name!r} ({ep.value}) failed to load: {one_line(str(e))}"
+        ) from None
+    if isinstance(cls, type) and issubclass(cls, LogsSpecs):
+        logger.info("Using logs_spec '%s' mapped to %s", logs_specs_name, cls)
+        return cls
+    if isinstance(cls, type) and any(
+        base.__module__ == "torch.distributed.elastic.multiprocessing.api"
+        and base.__name__ == "LogsSpecs"
+        for base in cls.__mro__
+    ):
+        logger.info("Using torch's logs_spec '%s' mapped to %s", logs_specs_name, cls)
+        from elastic.multiprocessing.api import torch_logs_specs
+
+        return torch_logs_specs(cls)
+    raise ConfigError(
+        "--logs-specs",
+        f"{logs_specs_name!r} ({ep.value}) is {cls!r}; expected a subclass of "
+        "elastic.multiprocessing.api.LogsSpecs (or of torch's)",
+    )
+
+
 def run_script_path(training_script: str, *training_script_args: str) -> None:
     """Run a script in this interpreter as ``__main__`` (``--run-path`` workers)."""
     import runpy
@@ -752,6 +808,7 @@ def config_from_args(
             )
         rdzv_configs["rank"] = a.node_rank
     endpoint = get_rdzv_endpoint(a)
+    _get_logs_specs_class(a.logs_specs)  # a plugin that is not there: one line, now
 
     config = LaunchConfig(
         min_nodes=min_nodes,

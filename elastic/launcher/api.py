@@ -532,20 +532,16 @@ def _worker_spec(
 
 
 def _logs_specs(config: LaunchConfig) -> LogsSpecs:
-    """Where the workers' output goes: the config's own, else torch's default plugin."""
-    from elastic.multiprocessing.api import DefaultLogsSpecs
-
+    """Where the workers' output goes: the config's own, else the ``--logs-specs``
+    plugin's (torch's entry point group ``torchrun.logs_specs``; default: ours)."""
     if config.logs_specs is not None:
         given: LogsSpecs = config.logs_specs
         return given
-    if config.logs_specs_name not in (None, "default"):
-        raise ConfigError(
-            "--logs-specs",
-            f"got {config.logs_specs_name!r}; only 'default' is available "
-            "(torch's logs-specs plugins need torch's launcher)",
-        )
+    from elastic.run_args import _get_logs_specs_class
+
+    cls = _get_logs_specs_class(config.logs_specs_name)
     try:
-        return DefaultLogsSpecs(
+        return cls(
             log_dir=config.log_dir,
             redirects=_mp_std(config.redirects),
             tee=_mp_std(config.tee),
@@ -555,6 +551,12 @@ def _logs_specs(config: LaunchConfig) -> LogsSpecs:
         )
     except (NotADirectoryError, OSError) as e:
         raise ConfigError("--log-dir", f"got {config.log_dir!r}; {e}") from None
+    except Exception as e:  # a plugin's own constructor
+        if config.logs_specs_name in (None, "default"):
+            raise
+        raise ConfigError(
+            "--logs-specs", f"{config.logs_specs_name!r} could not be made: {e}"
+        ) from None
 
 
 def _recorder(config: LaunchConfig, run_id: str) -> EventSink | None:

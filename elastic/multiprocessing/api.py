@@ -337,6 +337,57 @@ class LogsSpecs(ABC):
         """The base directory given (or made) for the logs."""
 
 
+def torch_logs_specs(plugin: type[Any]) -> type[LogsSpecs]:
+    """A :class:`LogsSpecs` class that runs ``plugin``, a subclass of torch's
+    ``LogsSpecs`` (a ``--logs-specs`` plugin written for torchrun), under elastic.
+
+    The plugin is made with torch's ``Std`` values (same numbers as ours) and its
+    ``LogsDest`` is read back field by field into ours; ``root_log_dir`` is its own.
+    Needs torch importable (the plugin imports it anyway).
+    """
+    from torch.distributed.elastic.multiprocessing.api import Std as TorchStd
+
+    def to_torch(v: Std | dict[int, Std]) -> Any:
+        if isinstance(v, dict):
+            return {int(k): TorchStd(int(x)) for k, x in v.items()}
+        return TorchStd(int(v))
+
+    class TorchLogsSpecs(LogsSpecs):
+        def __init__(
+            self,
+            log_dir: str | None = None,
+            redirects: Std | dict[int, Std] = Std.NONE,
+            tee: Std | dict[int, Std] = Std.NONE,
+            local_ranks_filter: set[int] | None = None,
+        ) -> None:
+            super().__init__(log_dir, redirects, tee, local_ranks_filter)
+            self.plugin = plugin(
+                log_dir=log_dir,
+                redirects=to_torch(redirects),
+                tee=to_torch(tee),
+                local_ranks_filter=local_ranks_filter,
+            )
+
+        def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+            d = self.plugin.reify(envs)
+            return LogsDest(
+                stdouts=dict(d.stdouts),
+                stderrs=dict(d.stderrs),
+                tee_stdouts=dict(d.tee_stdouts),
+                tee_stderrs=dict(d.tee_stderrs),
+                error_files=dict(d.error_files),
+                filtered_stdout=str(getattr(d, "filtered_stdout", "") or ""),
+                filtered_stderr=str(getattr(d, "filtered_stderr", "") or ""),
+            )
+
+        @property
+        def root_log_dir(self) -> str:
+            return str(self.plugin.root_log_dir)
+
+    TorchLogsSpecs.__name__ = TorchLogsSpecs.__qualname__ = f"TorchLogsSpecs[{plugin.__name__}]"
+    return TorchLogsSpecs
+
+
 class DefaultLogsSpecs(LogsSpecs):
     """torch's layout; ``log_dir`` None/"" → a fresh ``torchelastic_*`` temp directory.
 
