@@ -609,6 +609,19 @@ class _RecordingSignals:
         self.installed.append((sig, handler))
 
 
+def _start_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``PContext.start`` of a context that starts no process, its log at INFO kept."""
+
+    class Probe(SubprocessContext):
+        def _start(self) -> None:
+            pass
+
+    with caplog.at_level(logging.INFO, logger="elastic.multiprocessing.api"):
+        pc = Probe("p", "/bin/true", {0: ()}, envs(1), DefaultLogsSpecs(str(tmp_path)))
+        pc.start()
+    pc.close()
+
+
 def test_start_installs_the_handlers_then_starts_then_starts_the_tailers(tmp_path: Path) -> None:
     calls: list[object] = []
 
@@ -638,15 +651,7 @@ def test_start_reads_signal_and_the_platform_through_the_api_module(
     monkeypatch.setattr(mp_api, "signal", fake)
     monkeypatch.setattr(mp_api, "IS_WINDOWS", True)
     monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGHUP,SIG_IGN,Signals,SIGUSR1")
-
-    class Probe(SubprocessContext):
-        def _start(self) -> None:
-            pass
-
-    with caplog.at_level(logging.INFO, logger="elastic.multiprocessing.api"):
-        pc = Probe("p", "/bin/true", {0: ()}, envs(1), DefaultLogsSpecs(str(tmp_path)))
-        pc.start()
-    pc.close()
+    _start_nothing(tmp_path, caplog)
     assert fake.installed == [
         (signal.SIGTERM, mp_api._terminate_process_handler),
         (signal.SIGUSR1, mp_api._terminate_process_handler),
@@ -665,15 +670,7 @@ def test_a_refused_signal_off_windows_is_a_warning(
 ) -> None:
     monkeypatch.setattr(mp_api, "signal", _RecordingSignals(refuse=(signal.SIGHUP,)))
     monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGHUP")
-
-    class Probe(SubprocessContext):
-        def _start(self) -> None:
-            pass
-
-    with caplog.at_level(logging.INFO, logger="elastic.multiprocessing.api"):
-        pc = Probe("p", "/bin/true", {0: ()}, envs(1), DefaultLogsSpecs(str(tmp_path)))
-        pc.start()
-    pc.close()
+    _start_nothing(tmp_path, caplog)
     assert [r.levelno for r in caplog.records if "SIGHUP" in r.getMessage()] == [logging.WARNING]
 
 

@@ -353,19 +353,13 @@ def torch_logs_specs(plugin: type[Any]) -> type[LogsSpecs]:
         return TorchStd(int(v))
 
     class TorchLogsSpecs(LogsSpecs):
-        def __init__(
-            self,
-            log_dir: str | None = None,
-            redirects: Std | dict[int, Std] = Std.NONE,
-            tee: Std | dict[int, Std] = Std.NONE,
-            local_ranks_filter: set[int] | None = None,
-        ) -> None:
-            super().__init__(log_dir, redirects, tee, local_ranks_filter)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)  # (LogsSpecs's parameters, torch's)
             self.plugin = plugin(
-                log_dir=log_dir,
-                redirects=to_torch(redirects),
-                tee=to_torch(tee),
-                local_ranks_filter=local_ranks_filter,
+                log_dir=self._root_log_dir,
+                redirects=to_torch(self._redirects),
+                tee=to_torch(self._tee),
+                local_ranks_filter=self._local_ranks_filter,
             )
 
         def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:

@@ -9,8 +9,7 @@ backend-driven construction (``DynamicRendezvousHandler.from_backend`` over a
 or a user's own) runs the same rendezvous over :mod:`.backend_store`.
 """
 
-from typing import Any
-
+from elastic._lazy import submodules
 from elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -53,9 +52,9 @@ __all__ = [
 ]
 
 
-#: submodules reachable as attributes without an import of their own, as torch's
-#: package imports them (imported on first use, so importing the package stays light)
-_SUBMODULES = frozenset(
+# torch's package imports these submodules: here they load on first use
+__getattr__ = submodules(
+    __name__,
     (
         "c10d_rendezvous_backend",
         "dynamic_rendezvous",
@@ -65,13 +64,5 @@ _SUBMODULES = frozenset(
         "etcd_store",
         "static_tcp_rendezvous",
         "utils",
-    )
+    ),
 )
-
-
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        import importlib
-
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,6 @@
 """The agent server API (torch's ``torch.distributed.elastic.agent.server``)."""
 
-from typing import Any
-
+from elastic._lazy import submodules
 from elastic.agent.server.api import (
     DEFAULT_ROLE,
     ElasticAgent,
@@ -34,19 +33,11 @@ __all__ = [
 ]
 
 
-#: submodules reachable as attributes without an import of their own, as torch's
-#: package imports them (imported on first use, so importing the package stays light)
-_SUBMODULES = frozenset(
+# torch's package imports these submodules: here they load on first use
+__getattr__ = submodules(
+    __name__,
     (
         "health_check_server",
         "local_elastic_agent",
-    )
+    ),
 )
-
-
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        import importlib
-
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
