@@ -578,6 +578,7 @@ assert server.local_elastic_agent.LocalElasticAgent.__name__ == "LocalElasticAge
 assert server.health_check_server.HealthCheckServer.__name__ == "HealthCheckServer"
 assert callable(mp.redirects.redirect_stdout) and mp.subprocess_handler.SubprocessHandler
 assert rdzv.dynamic_rendezvous.DynamicRendezvousHandler and rdzv.utils.parse_rendezvous_endpoint
+assert rdzv.c10d_rendezvous_backend.create_backend and rdzv.etcd_store.EtcdStore
 assert utils.distributed.get_free_port and utils.logging.get_logger and utils.log_level
 from elastic.rendezvous.registry import create_handler, handler_registry
 from elastic.rendezvous.dynamic_rendezvous import create_handler as dyn_create
