@@ -155,7 +155,9 @@ class LaunchConfig:
         self.shutdown_timeout = int(value) if float(value).is_integer() else value
         from elastic.agent.server.api import resolve_exit_barrier_timeout
 
-        self.exit_barrier_timeout = resolve_exit_barrier_timeout(self.exit_barrier_timeout)
+        self.exit_barrier_timeout = resolve_exit_barrier_timeout(
+            self.exit_barrier_timeout, "--exit-barrier-timeout"
+        )
 
 
 # --- the parser ---------------------------------------------------------------------
@@ -454,6 +456,15 @@ def get_args_parser(prog: str = "elastic run") -> argparse.ArgumentParser:
         default=None,
         help="Seconds between SIGTERM and SIGKILL when stopping workers "
         "(default: TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30).",
+    )
+    add(
+        "--exit-barrier-timeout",
+        "--exit_barrier_timeout",
+        action=_Env,
+        type=float,
+        default=None,
+        help="Seconds a node that finished waits at the exit barrier for the others "
+        "(default: TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT or 300).",
     )
     add(
         "--virtual-local-rank",
@@ -831,6 +842,7 @@ def config_from_args(
         duplicate_stderr_filters=a.duplicate_stderr_filters,
         virtual_local_rank=a.virtual_local_rank,
         shutdown_timeout=a.shutdown_timeout,
+        exit_barrier_timeout=a.exit_barrier_timeout,
         log_dir=a.log_dir,
         redirects=_std("--redirects", a.redirects),
         tee=_std("--tee", a.tee),

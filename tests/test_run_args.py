@@ -500,3 +500,20 @@ def test_nnodes_errors_are_the_builtin_exceptions_torch_raises() -> None:
         parse_min_max_nnodes("two")
     with pytest.raises(ConfigError, match="--nnodes"):
         parse_min_max_nnodes("2:20:30")
+
+
+def test_exit_barrier_timeout_from_flag_pet_env_or_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cfg(["x.py"])[0].exit_barrier_timeout == 300.0
+    assert cfg(["--exit-barrier-timeout", "30", "x.py"])[0].exit_barrier_timeout == 30.0
+    assert cfg(["--exit_barrier_timeout", "0", "x.py"])[0].exit_barrier_timeout == 0.0
+    e = config_error(["--exit-barrier-timeout", "-1", "x.py"])
+    assert str(e) == "--exit-barrier-timeout: exit_barrier_timeout must be non-negative, got -1"
+    monkeypatch.setenv("TORCH_ELASTIC_EXIT_BARRIER_TIMEOUT", "45")
+    assert cfg(["x.py"])[0].exit_barrier_timeout == 45.0
+    assert cfg(["--exit-barrier-timeout", "5", "x.py"])[0].exit_barrier_timeout == 5.0
+    monkeypatch.setenv("PET_EXIT_BARRIER_TIMEOUT", "12")
+    assert cfg(["x.py"])[0].exit_barrier_timeout == 12.0
+    monkeypatch.setenv("PET_EXIT_BARRIER_TIMEOUT", "soon")
+    with pytest.raises(ConfigError) as info:
+        parse_args(["x.py"])
+    assert info.value.where == "PET_EXIT_BARRIER_TIMEOUT"
