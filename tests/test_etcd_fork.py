@@ -8,9 +8,10 @@ from its parent (or the shared loop, or gRPC's poller) used to hang.  See "Fork"
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import multiprocessing as mp
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -57,8 +58,15 @@ def _child_uses_the_inherited_client(client: EtcdStoreClient) -> None:
     raise AssertionError("the inherited client answered in a child forked mid-use")
 
 
-def _fork_and_join(target: object, *args: object) -> int | None:
-    p = mp.get_context("fork").Process(target=target, args=args)  # type: ignore[arg-type]
+def _dumping_stacks_if_hung(target: Callable[..., object], *args: object) -> None:
+    # a child that hangs writes every thread's stack to stderr (the test's output) before
+    # it is killed: the next such failure says where
+    faulthandler.dump_traceback_later(CHILD_JOIN - 5)
+    target(*args)
+
+
+def _fork_and_join(target: Callable[..., object], *args: object) -> int | None:
+    p = mp.get_context("fork").Process(target=_dumping_stacks_if_hung, args=(target, *args))
     p.start()
     p.join(CHILD_JOIN)
     if p.is_alive():  # hung: do not leave it behind
@@ -130,7 +138,7 @@ def _child_reaches_the_parents_c10d_store(endpoint: str) -> None:
     store.set("from-child", b"c")
 
 
-def test_a_forked_child_opens_its_own_rendezvous_store_not_the_parents() -> None:
+def _parent_hosts_a_c10d_store_then_forks() -> None:
     # the parent's store (cached per endpoint for torch's API) belongs to the parent's
     # loop thread, which a forked child does not have: the child connects anew
     from elastic.rendezvous import RendezvousParameters
@@ -140,9 +148,14 @@ def test_a_forked_child_opens_its_own_rendezvous_store_not_the_parents() -> None
     endpoint = f"127.0.0.1:{get_free_port()}"
     _, store = create_backend(RendezvousParameters("c10d", endpoint, "fork-job", 1, 2))
     store.set("from-parent", b"p")
-    with no_leftover_processes(ignore=is_mp_helper):
-        assert _fork_and_join(_child_reaches_the_parents_c10d_store, endpoint) == 0
+    assert _fork_and_join(_child_reaches_the_parents_c10d_store, endpoint) == 0
     assert store.get("from-child") == b"c"
+
+
+def test_a_forked_child_opens_its_own_rendezvous_store_not_the_parents() -> None:
+    # in a fresh parent: this test process may hold other tests' gRPC threads, and a
+    # child forked beside them can hang in gRPC whatever the c10d store does
+    assert _in_a_fresh_process(_parent_hosts_a_c10d_store_then_forks) == 0
 
 
 def _one_node_etcd_round(endpoint: str, run_id: str) -> None:
@@ -172,18 +185,21 @@ def _parent_rendezvouses_shuts_down_then_forks(endpoint: str) -> None:
     assert _fork_and_join(_one_node_etcd_round, endpoint, uuid.uuid4().hex) == 0
 
 
-def _in_a_fresh_parent(target: object, etcd: EtcdCluster) -> int | None:
-    """Run ``target(endpoint)`` as a spawned process (this test process may hold etcd
+def _in_a_fresh_process(target: Callable[..., object], *args: object) -> int | None:
+    """Run ``target(*args)`` as a spawned process (this test process may hold etcd
     clients of other tests); its exit code (None: it hung and was killed)."""
-    endpoint = etcd.endpoints[0].removeprefix("http://")
     with no_leftover_processes(ignore=is_mp_helper):
-        parent = mp.get_context("spawn").Process(target=target, args=(endpoint,))  # type: ignore[arg-type]
+        parent = mp.get_context("spawn").Process(target=target, args=args)
         parent.start()
         parent.join(2 * CHILD_JOIN)
         if parent.is_alive():
             parent.kill()
             parent.join()
     return parent.exitcode
+
+
+def _in_a_fresh_parent(target: Callable[[str], object], etcd: EtcdCluster) -> int | None:
+    return _in_a_fresh_process(target, etcd.endpoints[0].removeprefix("http://"))
 
 
 def _handler_on(endpoint: str) -> object:
