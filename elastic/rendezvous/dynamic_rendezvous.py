@@ -10,7 +10,7 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
   it, so that only that node's ``compare_set`` gets its own value back) or the
   rendezvous closes.  Never per heartbeat.
 * ``alive/<node>`` — attached to the node's lease: liveness without heartbeat writes.
-* ``r<r>/m/<node>`` (leased) and ``r<r>/count`` — joining round ``r`` is one ``arrive``
+* ``r<r>/m/<node>`` (leased) and ``r<r>/ev//n`` — joining round ``r`` is one ``arrive``
   where the store has it (:class:`~elastic.store.ArriveStore`: the ``add`` that gives
   the arrival index ``n``, the leased ``set`` and a count of the keys under ``m/``, as
   one operation — so every live key it counts is a joiner that came before, exactly,
@@ -77,7 +77,13 @@ Protocol (keys under ``elastic/rdzv/<run_id>/c/``)
   ranks; no ``"master"`` (that, or rank 0 of another version): rank 0 publishes its
   address in the round's store and every member reads it back (below).
 * ``r<r>/ev/<node>`` (leased) — a late arrival on the wait list; ``x/r<r>/<node>``
-  (leased) — on the redundancy list.
+  (leased) — on the redundancy list.  ``r<r>/ev//n`` is the round's arrival counter
+  (no node id: ids hold no ``/``): under ``ev/`` so that the read answering a member's
+  wake carries it too.  The decider reads it with the joiners (one snapshot of
+  ``r<r>/``) and records it in the result (``"arrivals"``): a joiner that read the round
+  open but arrived after that read puts its ``m/`` key into the running round, and the
+  members' wake on it is told from a member lost by the counter having moved (then, and
+  only then, one O(N) read checks that every member's key is still there).
 * ``r<r>/m/`` itself (the members' prefix, no node: node ids are never empty) — the end
   marker: the round is over; its value is the state that ended it (the next round, or
   closed).  ``r<r>/ev/`` holds a copy, written in the same ``multi_set``, so the one
@@ -109,8 +115,12 @@ Invariants (each O(1) per node per round; the decider's reads are O(N), once)
 * A member watches ``r<r>/`` (``r<r>/m/`` alone while the ranks are exchanged), a wait
   or redundant node ``r<r>/m/``: after the decision those prefixes change only when a
   member's key goes (its lease expired, or it left), a node arrives on the wait list,
-  or the round ends.  So a wake that neither the end marker nor a wait-list key
-  explains *is* a member lost: no member check, no ring — every member's expiry is
+  or the round ends — and by a joiner that read the round open and arrived after the
+  decider read the joiners (its key lands in the running round's ``m/``; the arrival
+  counter under ``ev/`` moves with it).  So a wake that neither the end marker nor a
+  wait-list key explains, with the counter where the result left it, *is* a member
+  lost: no member check, no ring (a moved counter costs one O(N) read of the round,
+  once per late arrival, to tell which) — every member's expiry is
   seen by every live node at once, whoever else is dead, and a wait or redundant node
   ends the round itself (every member may be dead).  A node parking on a complete round
   reads ``r<r>/m/`` once (a member may have died before it came).
@@ -387,12 +397,14 @@ class _Members(tuple[str, ...]):
     the members' rank blocks as runs (``runs``, the result's ``ranks``: see
     :func:`~elastic.rendezvous.assignment.rank_runs`; None: the round carries none, the
     agents exchange them) and rank 0's address and master port (``master``, the
-    result's ``master``; None: the members exchange them through the round's store)."""
+    result's ``master``; None: the members exchange them through the round's store), and
+    the round's arrival count when it was decided (``arrivals``; None: not recorded)."""
 
     rank: dict[str, int]
     clean: int | None
     runs: list[list[int]] | None
     master: tuple[str, int] | None
+    arrivals: int | None
     starts: list[int]  # the first member's rank of each run
 
     def __new__(
@@ -401,12 +413,14 @@ class _Members(tuple[str, ...]):
         clean: int | None = None,
         runs: list[list[int]] | None = None,
         master: tuple[str, int] | None = None,
+        arrivals: int | None = None,
     ) -> _Members:
         self = super().__new__(cls, ids)
         self.rank = {m: i for i, m in enumerate(self)}
         self.clean = clean
         self.runs = runs
         self.master = master
+        self.arrivals = arrivals
         self.starts = []
         first = 0
         for run in runs or ():
@@ -580,7 +594,12 @@ def _parse_result(raw: bytes, max_nodes: int) -> _Members | None:
                 f"got {str(master)[:80]}"
             )
         master = (master[0], master[1])
-    return _Members(members, clean, runs, master)
+    arrivals = obj.get("arrivals")
+    if arrivals is not None and (
+        not isinstance(arrivals, int) or isinstance(arrivals, bool) or arrivals < 0
+    ):
+        raise _Corrupt(f"field 'arrivals' must be a non-negative int, got {arrivals!r}")
+    return _Members(members, clean, runs, master, arrivals)
 
 
 # Performance: every node reads the same few state values (the same bytes objects from
@@ -620,7 +639,7 @@ class _RoundKeys:
         self.round = f"{c}r{r}/"  # the round's prefix, ``r<r>/``
         self.m = self.round + "m/"  # the joiners', then the members', keys; the end marker
         self.ev = self.round + "ev/"  # the wait list, and a copy of the end marker
-        self.count = self.round + "count"
+        self.count = self.ev + "/n"  # the arrival counter: no node id has a '/'
         self.own = f"{c}state/r{r}/"  # the round's own keys, under the state key's prefix
         self.result = self.own + "result"
         self.lc = self.own + "lc"
@@ -1002,7 +1021,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         decider removed the left-out joiners' before writing the result) and the end
         marker, so one watch of it wakes this node, O(1), on every member's expiry —
         whoever else is dead — and a wake that no end marker or wait-list key explains is
-        a member lost.  The watch runs from the round's clean revision (``_clean``: the
+        a member lost, unless the round's arrival counter moved since the decision: then
+        one read of ``r<r>/`` tells a late joiner's key (every member's is there: the watch
+        goes on from that read) from a loss (:meth:`_late_arrivals_only`).  The watch runs
+        from the round's clean revision (``_clean``: the
         one the decider recorded in the result, after which ``r<r>/`` changes only by a
         member's loss, a late arrival or the round's end), so a second call (after
         ``nodes_waiting``) misses no expiry, and the watch needs no read before it.  A
@@ -1018,10 +1040,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if clean is None:
             # Take the revision first: any change after it wakes the watch below.
             rev, keys = await self._store.snapshot(ev)
+        count_key = rk.count
         while True:
             if keys is not None:
                 end = keys.get(ev)
-                waiting = waiting_ends and len(keys) > (end is not None)
+                # the wait list: r<r>/ev/ but the end marker's copy and the arrival counter
+                waiting = waiting_ends and len(keys) > (end is not None) + (count_key in keys)
                 if end is not None:
                     if self._end_closed(r, end):
                         return "closed"
@@ -1029,7 +1053,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 if waiting:
                     return "nodes_waiting"
                 if woke:
-                    return "peer_lost"  # a member's key went, and nothing else explains it
+                    late = await self._late_arrivals_only(rk, members, keys.get(count_key))
+                    if late is None:
+                        return "peer_lost"  # a member's key went, and nothing else explains it
+                    # only joiners that came late changed r<r>/m/: go on from this read
+                    rev, keys = late
+                    self._clean = (r, rev)
+                    woke = False
+                    continue
                 # no recorded clean revision: the state may have moved before this read
                 _, st = await self._read_state()
                 if st.closed:
@@ -1042,6 +1073,29 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # the wake and its read of r<r>/ev/ in one round trip (module doc)
             rev, keys = await self._watch_snapshot(prefix, clean, ev, None)
             woke = True
+
+    async def _late_arrivals_only(
+        self, rk: _RoundKeys, members: _Members, counter: bytes | None
+    ) -> tuple[int, dict[str, bytes]] | None:
+        """After a wake of round ``rk``'s members that neither its end marker nor its wait
+        list explains: the revision and ``r<r>/ev/`` read with every member's key still
+        under ``r<r>/m/`` (the change was joiners that read the round open and arrived
+        after the decider read the joiners: their keys, in the running round), or None
+        (a member's key went: a member lost).
+
+        Costs nothing unless the arrival counter moved since the decision (``counter``,
+        read with the wake, against the result's ``arrivals``); then one O(N) read of
+        ``r<r>/``.  A result without ``arrivals`` (another version's) counts as a loss.
+        """
+        now = _count_value(counter)
+        if members.arrivals is None or now is None or now <= members.arrivals:
+            return None
+        rev, every = await self._store.snapshot(rk.round)
+        m = rk.m
+        if any(m + node not in every for node in members):
+            return None
+        ev = rk.ev
+        return rev, {k: v for k, v in every.items() if k.startswith(ev)}
 
     def _end_closed(self, r: int, raw: bytes) -> bool:
         """Whether round ``r``'s end marker says the rendezvous was closed."""
@@ -1063,9 +1117,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
     async def num_nodes_waiting_async(self) -> int:
         if self._round is None:
             return 0
-        ev = self._rk(self._round, "ev/")
-        _, events = await self._store.snapshot(ev)
-        return len(events.keys() - {ev})  # the round's end marker is no node
+        keys = self._keys(self._round)
+        _, events = await self._store.snapshot(keys.ev)
+        # the round's end marker and its arrival counter are no node
+        return len(events.keys() - {keys.ev, keys.count})
 
     async def shutdown_async(self) -> bool:
         """torch's semantics: close the rendezvous for every node; then drop the lease."""
@@ -1303,7 +1358,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 if await store.compare_set(dec_key, None, token, lease=self._lease) != token:
                     continue
                 holder = True
-            rev, live = await store.snapshot(mprefix)
+            # the joiners, and with them (one read of r<r>/) the arrival count they make
+            rev, every = await store.snapshot(keys.round)
+            arrivals = _count_value(every.get(keys.count))
+            live = {k: v for k, v in every.items() if k.startswith(mprefix)}
+            del every
             ids = [k[len(mprefix) :] for k in live if k != mprefix]
             previous: tuple[str, ...] = ()
             if len(ids) >= core.max_nodes:
@@ -1330,6 +1389,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     "members": list(chosen),
                     "clean": rev,
                 }
+                if arrivals is not None:
+                    decided["arrivals"] = arrivals
                 if ranks is not None:
                     decided["ranks"] = ranks
                     if master is not None:
@@ -1453,7 +1514,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if r == 0 or len(ids) < self._core.max_nodes or set(ids) <= set(previous):
             return ()
         store = self._store
-        _, wait = await store.snapshot(self._rk(r - 1, "ev/"))
+        before = self._keys(r - 1)
+        _, wait = await store.snapshot(before.ev)
+        wait.pop(before.count, None)  # the arrival counter is no node
         _, spare = await store.snapshot(self._k(f"x/r{r - 1}/"))
         _, alive = await store.snapshot(self._k("alive/"))
         expected = set(previous)
@@ -1724,6 +1787,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
             f"'{self.get_run_id()}' after join_timeout={self._core.join_timeout:g}s{joined}; "
             "start more nodes or raise join_timeout in --rdzv-conf."
         )
+
+
+def _count_value(raw: bytes | None) -> int | None:
+    """The integer an arrival counter holds (``add``'s decimal bytes; absent: 0); None
+    for a value that is not one (another writer's: then nothing is inferred from it)."""
+    if raw is None:
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        return None
 
 
 async def _count_under(store: Store, prefix: str) -> tuple[int, int, bool]:
