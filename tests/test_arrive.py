@@ -122,7 +122,7 @@ async def _three_nodes_on_a_host(lo: int, hi: int, before: Any = None) -> tuple[
             for i, c in enumerate(clients)
         ]
         infos = await asyncio.wait_for(asyncio.gather(*(h.next_rendezvous_async() for h in hs)), 20)
-        count = await clients[0].try_get("elastic/rdzv/job/c/r0/count")
+        count = await clients[0].try_get("elastic/rdzv/job/c/r0/ev//n")  # arrivals
         for h in hs:
             await h.leave_async()
         return sorted(i.rank for i in infos), int(count or b"0")
