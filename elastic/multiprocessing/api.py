@@ -198,6 +198,15 @@ def get_std_cm(
     return redirect_fn(std_rd)
 
 
+def warn_numa_ignored(numa_options: Any, log: logging.Logger) -> None:
+    """torch's ``numa_options`` are accepted and not applied: say so, when given."""
+    if numa_options is not None:
+        log.warning(
+            "numa_options=%r is ignored: elastic does not bind workers to NUMA nodes",
+            numa_options,
+        )
+
+
 class _ReturnQueue(Protocol):
     def put(self, obj: Any, /) -> None: ...
 
@@ -238,11 +247,7 @@ def _wrap(
 
     stdout_cm = get_std_cm(stdout_redirects[local_rank], redirect_stdout)
     stderr_cm = get_std_cm(stderr_redirects[local_rank], redirect_stderr)
-    if numa_options is not None:
-        logger.warning(
-            "numa_options=%r is ignored: elastic does not bind workers to NUMA nodes",
-            numa_options,
-        )
+    warn_numa_ignored(numa_options, logger)
     os.environ.update(env_)
     with stdout_cm, stderr_cm:
         ret = record(fn)(*args_)

@@ -190,11 +190,7 @@ class PContext:
         _validate_full_rank(envs, nprocs, "envs")
         if start_method not in ("spawn", "fork", "forkserver"):
             raise ValueError(f"start_method {start_method!r} is not one of spawn, fork, forkserver")
-        if numa_options is not None:
-            logger.warning(
-                "numa_options=%r is ignored: elastic does not bind workers to NUMA nodes",
-                numa_options,
-            )
+        _api.warn_numa_ignored(numa_options, logger)
         self.entrypoint = entrypoint
         self.args = args
         self.envs = envs
