@@ -59,9 +59,12 @@ poller, and gRPC core skips its fork handlers while that poller is inside gRPC. 
 
 * :meth:`EtcdStoreClient.aclose` frees its channels at once (not when the collector
   breaks the client's reference cycles), so gRPC stops its poller thread when the last
-  client closes; a fork after that is clean, and the child connects as any process.
+  client closes, and its core threads a few ms later; a fork after that is clean, and
+  the child connects as any process.
 * ``os.register_at_fork`` hooks: ``before`` (in the parent, a few µs) notes whether
-  gRPC's aio poller runs; ``after_in_child``, every open client sets its channels,
+  gRPC's aio poller runs; in the 2 s after the last client closed, it first waits (at
+  most those 2 s) for the poller and gRPC core's threads to end, since a fork while they
+  wind down inherits the locks they hold; ``after_in_child``, every open client sets its channels,
   keep-alive and per-key locks aside — kept referenced and never touched, since
   closing or freeing them calls into threads that do not exist — and forgets the
   parent's leases (the parent still owns them); the process-wide loop of
@@ -224,18 +227,61 @@ def _grpc_aio_poller_running() -> bool:
     return False
 
 
+# gRPC core's own threads (native, not Python's), by the names it gives them
+_GRPC_CORE_THREADS = ("grpc", "event_engine", "lifeguard", "default-execut", "resolver-exec")
+_SETTLE = 2.0  # seconds a fork waits for gRPC to wind down after the last client closed
+_last_close = -math.inf  # time.monotonic() when a client of this process last closed
+
+
+def _note_close() -> None:
+    global _last_close
+    _last_close = time.monotonic()
+
+
+def _grpc_core_threads_alive() -> bool:
+    """True if one of gRPC core's native threads is alive in this process (Linux:
+    ``/proc/self/task``; elsewhere False).  They outlive the last channel by a few ms
+    while gRPC shuts down; a fork meanwhile makes gRPC skip its fork handlers ("Other
+    threads are currently calling into gRPC") and the child inherits locks those
+    threads held: its first channel waits forever (1 fork in 200 right after a close,
+    on a loaded machine)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith(_GRPC_CORE_THREADS):
+                    return True
+        except OSError:  # the thread ended meanwhile
+            continue
+    return False
+
+
 def _before_fork() -> None:
     global _poller_at_fork
     # only a process that made channels here can have a poller of ours
     running = _GRPC is not None and _grpc_aio_poller_running()
-    if running and not _clients:
-        # every client is closed: gRPC's poller stops shortly after its last channel
-        # went; a fork while it is still inside gRPC can crash the child, even one that
-        # never uses gRPC (seen once in a CI run), so the fork waits for it (bounded)
-        deadline = time.monotonic() + 2.0
+    if _GRPC is not None and not _clients:
+        # every client is closed: gRPC stops its aio poller, then its core threads, a
+        # few ms after the last channel went.  A fork while either is still inside gRPC
+        # can hang or crash the child, even one that never uses gRPC (both seen in CI
+        # runs), so the fork waits for them, bounded.  Core threads alive long after our
+        # last close belong to some other user of gRPC in this process: not waited for.
+        deadline = time.monotonic() + _SETTLE
+        settle_until = _last_close + _SETTLE
+
+        def busy() -> bool:
+            return _grpc_aio_poller_running() or (
+                time.monotonic() < settle_until and _grpc_core_threads_alive()
+            )
+
+        running = busy()
         while running and time.monotonic() < deadline:
             time.sleep(0.005)
-            running = _grpc_aio_poller_running()
+            running = busy()
+        running = _grpc_aio_poller_running()
     _poller_at_fork = running
 
 
@@ -595,6 +641,7 @@ class EtcdStoreClient:
         # freed now, not when the collector finds the client's cycles: gRPC stops its
         # poller thread once no channel is left, and a fork after that is clean
         self._endpoints = []
+        _note_close()
 
     @property
     def endpoints(self) -> list[str]:
