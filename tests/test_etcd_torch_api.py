@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from ipaddress import ip_address
 from pathlib import Path
 
 import psutil
@@ -50,10 +51,15 @@ def test_server_runs_on_loopback_and_stop_kills_it_and_removes_its_data(tmp_path
     s = EtcdServer(data_dir=str(data))
     s.start(timeout=60)
     try:
-        assert s.get_host() == "127.0.0.1"
-        assert s.get_endpoint() == f"127.0.0.1:{s.get_port()}"
+        assert s.get_host() == "localhost"  # torch's
+        assert s.get_endpoint() == f"localhost:{s.get_port()}"
         pid = s._proc.pid if s._proc is not None else -1
         assert psutil.pid_exists(pid)
+        listening = [
+            c.laddr for c in psutil.Process(pid).net_connections() if c.status == "LISTEN"
+        ]
+        assert listening and all(ip_address(a.ip).is_loopback for a in listening), listening
+        assert s.get_port() in [a.port for a in listening]
         client = s.get_client()
         st = EtcdStore(client, "p")
         st.set("k", "v")

@@ -591,3 +591,30 @@ else:
     raise AssertionError("an unknown name must raise AttributeError")
 """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_node_descriptors_are_torchs_and_name_real_modes_nodes() -> None:
+    import os
+    import socket
+
+    from elastic.real.rdzv_context import node_id
+    from elastic.rendezvous.api import RendezvousHandlerCreator
+    from elastic.rendezvous.dynamic_rendezvous import (
+        DynamicRendezvousHandler,
+        _NodeDesc,
+        _NodeDescGenerator,
+    )
+
+    assert repr(_NodeDesc("dummy_fqdn", 3, 5)) == "dummy_fqdn_3_5"
+    a, b = _NodeDesc("h", 2, 4), _NodeDesc("h", 3, 5)
+    assert {a, b} == {_NodeDesc("h", 2, 4), b} and a < b
+    gen = _NodeDescGenerator()
+    pid = os.getpid()
+    assert [repr(gen.generate()) for _ in range(3)] == [
+        f"{socket.getfqdn()}_{pid}_{i}" for i in range(3)
+    ]
+    assert repr(gen.generate("10.0.0.1")) == f"10.0.0.1_{pid}_3"
+    # real mode's node ids come from the class's one generator, as torch's do
+    before = DynamicRendezvousHandler._node_desc_generator.generate("x").local_id
+    assert node_id("host") == f"host_{pid}_{before + 1}"
+    assert RendezvousHandlerCreator is not None

@@ -101,7 +101,7 @@ class EtcdServer:
 
     def __init__(self, data_dir: str | None = None) -> None:
         self._port = -1
-        self._host = "127.0.0.1"
+        self._host = "localhost"  # torch's: etcd listens on it (127.0.0.1 here)
         self._binary: str | None = None
         self._base_data_dir = data_dir or tempfile.mkdtemp(prefix="torchelastic_etcd_data")
         self._proc: subprocess.Popen[bytes] | None = None

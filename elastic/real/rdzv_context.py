@@ -23,7 +23,6 @@ down) is never counted out, and stays open as before.
 from __future__ import annotations
 
 import gc
-import itertools
 import logging
 import os
 import threading
@@ -54,7 +53,6 @@ _stores: dict[tuple[str, str, int], Store] = {}
 _users: dict[tuple[str, str, int], int] = {}
 #: the opened etcd stores, to close (the cache holds their HomeLoopStore)
 _opened: dict[tuple[str, str, int], object] = {}
-_local_ids = itertools.count()
 
 
 _set_aside: list[object] = []  # what a forked child inherited: never touched
@@ -92,8 +90,11 @@ def shared_loop() -> LoopThread:
 
 
 def node_id(addr: str) -> str:
-    """A node id unique in the job: torch's ``addr_pid_localid``."""
-    return f"{addr}_{os.getpid()}_{next(_local_ids)}"
+    """A node id unique in the job: torch's ``addr_pid_localid``, from the process's one
+    generator (``DynamicRendezvousHandler._node_desc_generator``, as torch's)."""
+    from elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    return repr(DynamicRendezvousHandler._node_desc_generator.generate(addr))
 
 
 def default_context(params: RendezvousParameters) -> RendezvousContext:

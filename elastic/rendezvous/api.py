@@ -68,7 +68,11 @@ T = TypeVar("T")
 
 def __getattr__(name: str) -> Any:
     """torch keeps the registry in ``api``; ours lives in :mod:`.registry` (it imports us)."""
-    if name in ("rendezvous_handler_registry", "RendezvousHandlerRegistry"):
+    if name in (
+        "rendezvous_handler_registry",
+        "RendezvousHandlerRegistry",
+        "RendezvousHandlerCreator",
+    ):
         from elastic.rendezvous import registry
 
         return getattr(registry, name)

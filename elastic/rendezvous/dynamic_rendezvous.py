@@ -177,6 +177,8 @@ import functools
 import json
 import logging
 import math
+import os
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -660,6 +662,38 @@ def _round_keys(base: str, r: int) -> _RoundKeys:
     return _RoundKeys(base, r)
 
 
+@dataclass(eq=True, order=True, frozen=True)
+class _NodeDesc:
+    """A node of a rendezvous, torch's way: its address, process id and a number unique
+    in the process.  ``repr`` is the node id (``addr_pid_localid``) the rounds use."""
+
+    addr: str
+    pid: int
+    local_id: int
+
+    def __repr__(self) -> str:
+        return f"{self.addr}_{self.pid}_{self.local_id}"
+
+
+class _NodeDescGenerator:
+    """Node descriptors unique in this process: ``local_id`` counts from 0 (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._local_id = 0
+
+    def generate(self, local_addr: str | None = None) -> _NodeDesc:
+        """The next descriptor, for ``local_addr`` (default: this host's FQDN)."""
+        with self._lock:
+            local_id = self._local_id
+            self._local_id += 1
+        if not local_addr:  # a real host's name: only real mode asks for it
+            from elastic.launcher.api import fqdn
+
+            local_addr = fqdn()
+        return _NodeDesc(local_addr, os.getpid(), local_id)
+
+
 class DynamicRendezvousHandler(RendezvousHandler):
     """torch's ``DynamicRendezvousHandler`` over the store and clock ports.
 
@@ -678,6 +712,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
       join the next one (a round is never held for a member whose lease expired);
     * nothing is written to the store while a round runs and nobody joins or dies.
     """
+
+    # real mode's node ids (torch's: one generator per process, on this class)
+    _node_desc_generator: ClassVar[_NodeDescGenerator] = _NodeDescGenerator()
 
     def __init__(
         self,
