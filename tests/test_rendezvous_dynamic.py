@@ -463,14 +463,34 @@ class _SlowResult(_DyingStore):
         return await self._store.compare_set(key, expected, desired, lease=lease)
 
 
-def test_a_spare_arriving_while_the_round_is_decided_is_no_member_lost() -> None:
+class _SlowCount(_DyingStore):
+    """A node's view of the store whose ``add`` takes ``delay`` seconds: with the join's
+    steps apart, its key is in the round well before its arrival is counted."""
+
+    def __init__(self, store: MemoryStore, lease_of: DynamicRendezvousHandler, delay: float):
+        super().__init__(store, lease_of)
+        self._delay = delay
+
+    async def add(self, key: str, amount: int) -> int:
+        await self._handler._clock.sleep(self._delay)
+        return await self._store.add(key, amount)
+
+
+@pytest.mark.parametrize("arrive", [True, False], ids=["arrive", "steps-apart"])
+def test_a_spare_arriving_while_the_round_is_decided_is_no_member_lost(arrive: bool) -> None:
     """Three members (min = max = 3) and a spare that reads the state while the round is
     still open and joins after the decider read the joiners: the spare parks, nobody
-    died, and the members' watch must not end the round."""
+    died, and the members' watch must not end the round.  With the join's steps apart (a
+    store without ``arrive``) the spare's key comes before its count: the members' wake
+    cannot wait for the counter to tell."""
 
     async def body(clock: Clock) -> tuple[list[object], str]:
         store = MemoryStore(clock)
         a, b, c, spare = make(clock, store, ["a", "b", "c", "spare"], 3, 3)
+        if not arrive:
+            for h in (a, b, c, spare):
+                h._arrive = None
+            spare._store = _SlowCount(store, spare, 0.3)  # type: ignore[assignment]
         for h in (a, b, c):
             h._store = _SlowResult(store, h, 0.1)  # type: ignore[assignment]
         joins = [clock.spawn(h.next_rendezvous_async(), name=h.node_id) for h in (a, b, c)]
@@ -492,13 +512,17 @@ def test_a_spare_arriving_while_the_round_is_decided_is_no_member_lost() -> None
     assert run_in("sim", body) == ([0, 0, 0], "no wake")
 
 
-def test_a_member_lost_after_a_late_arrival_is_still_a_member_lost() -> None:
+@pytest.mark.parametrize("arrive", [True, False], ids=["arrive", "steps-apart"])
+def test_a_member_lost_after_a_late_arrival_is_still_a_member_lost(arrive: bool) -> None:
     """The late arrival moved the round's arrival counter, so the members check their
     keys at every wake from then on: a member that dies afterwards is seen as lost."""
 
     async def body(clock: Clock) -> tuple[str, float]:
         store = MemoryStore(clock)
         a, b, c, spare = make(clock, store, ["a", "b", "c", "spare"], 3, 3)
+        if not arrive:
+            for h in (a, b, c, spare):
+                h._arrive = None
         for h in (a, b, c):
             h._store = _SlowResult(store, h, 0.1)  # type: ignore[assignment]
         joins = [clock.spawn(h.next_rendezvous_async(), name=h.node_id) for h in (a, b, c)]

@@ -1123,10 +1123,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
         Costs nothing unless the arrival counter moved since the decision (``counter``,
         read with the wake, against the result's ``arrivals``); then one O(N) read of
         ``r<r>/``.  A result without ``arrivals`` (another version's) counts as a loss.
+        With the join's steps apart (a store without ``arrive``) a joiner's key comes
+        before its count when there is no last call, so the counter cannot tell: every
+        such wake pays the O(N) read (those stores are torch's and backends, not the
+        simulator's or our servers', which have ``arrive``).
         """
-        now = _count_value(counter)
-        if members.arrivals is None or now is None or now <= members.arrivals:
-            return None
+        if self._arrive is not None:
+            now = _count_value(counter)
+            if members.arrivals is None or now is None or now <= members.arrivals:
+                return None
         rev, every = await self._store.snapshot(rk.round)
         m = rk.m
         if any(m + node not in every for node in members):
