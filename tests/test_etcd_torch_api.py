@@ -55,9 +55,7 @@ def test_server_runs_on_loopback_and_stop_kills_it_and_removes_its_data(tmp_path
         assert s.get_endpoint() == f"localhost:{s.get_port()}"
         pid = s._proc.pid if s._proc is not None else -1
         assert psutil.pid_exists(pid)
-        listening = [
-            c.laddr for c in psutil.Process(pid).net_connections() if c.status == "LISTEN"
-        ]
+        listening = [c.laddr for c in psutil.Process(pid).net_connections() if c.status == "LISTEN"]
         assert listening and all(ip_address(a.ip).is_loopback for a in listening), listening
         assert s.get_port() in [a.port for a in listening]
         client = s.get_client()
