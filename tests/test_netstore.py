@@ -220,3 +220,54 @@ def test_a_lease_the_server_expired_is_refused_by_name_and_marked_dead() -> None
             await c.aclose()
 
     run(body)
+
+
+@pytest.mark.parametrize("peer", ["silent", "hangs-up"])
+def test_a_program_that_does_not_speak_the_protocol_is_named_as_such(peer: str) -> None:
+    """A torch TCPStore at the endpoint (torchrun's c10d rendezvous, a mixed job) takes the
+    connection and then waits for more bytes, or hangs up: the error says so, instead of
+    a bare timeout that reads as a network fault."""
+
+    async def body() -> str:
+        conns: list[asyncio.StreamWriter] = []
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if peer == "hangs-up":
+                await reader.read(1)
+                writer.close()
+            else:
+                conns.append(writer)  # holds it open, says nothing
+
+        server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            with pytest.raises(StoreError) as info:
+                await NetStoreClient.connect(
+                    "127.0.0.1", port, clock=AsyncioClock(), connect_timeout=0.5
+                )
+            return str(info.value)
+        finally:
+            for w in conns:
+                w.close()
+            server.close()
+            await server.wait_closed()
+
+    msg = run(body)
+    assert "is unreachable" in msg and "does not answer the store's handshake" in msg, msg
+    assert "TCPStore" in msg and "\n" not in msg, msg
+
+
+def test_a_host_that_is_not_there_is_not_taken_for_another_program() -> None:
+    async def body() -> str:
+        s = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = s.sockets[0].getsockname()[1]
+        s.close()
+        await s.wait_closed()  # nobody listens on the port now
+        with pytest.raises(StoreError) as info:
+            await NetStoreClient.connect(
+                "127.0.0.1", port, clock=AsyncioClock(), connect_timeout=0.3
+            )
+        return str(info.value)
+
+    msg = run(body)
+    assert "is unreachable" in msg and "handshake" not in msg, msg

@@ -549,6 +549,20 @@ class _Refused(StoreError):
     """The server refused the connection for good (authentication, limits)."""
 
 
+class _NoHello(Exception):
+    """The server took the TCP connection but did not answer the handshake's ``hello``
+    (silent, or closing the connection): a program that does not speak this protocol (a
+    torch ``TCPStore`` waits for more bytes or hangs up), or a host too busy or shutting
+    down."""
+
+
+NO_HELLO_HINT = (
+    "it accepts TCP connections but does not answer the store's handshake: is the program "
+    "listening there elastic's store? A torch TCPStore (torchrun's c10d rendezvous) does "
+    "not speak it: every node of the job must run elastic's agent"
+)
+
+
 class WireStats:
     """Bytes a client sent and received (frames, headers included) over all its connections."""
 
@@ -846,10 +860,15 @@ class NetStoreClient:
         try:
             async with asyncio.timeout(timeout):
                 hello = await self._roundtrip(link, "hello", (self._token,))
-        except _Lost:
+        except _Lost as e:
             if link.fatal is not None:
                 raise _Refused(f"the store at {self.address} refused us: {link.fatal[1]}") from None
-            raise
+            raise _NoHello(
+                f"connected, then {e or 'connection closed'} before the handshake's answer"
+            ) from None
+        except TimeoutError:
+            link.drop()
+            raise _NoHello(f"connected, no answer to the handshake within {timeout:g}s") from None
         except BaseException:
             link.drop()
             raise
@@ -886,8 +905,8 @@ class NetStoreClient:
                     break
                 except _Refused:
                     raise
-                except (OSError, TimeoutError, _Lost, ProtocolError) as e:
-                    last = str(e) or type(e).__name__
+                except (OSError, TimeoutError, _Lost, _NoHello, ProtocolError) as e:
+                    last = NO_HELLO_HINT if isinstance(e, _NoHello) else str(e) or type(e).__name__
                 left = deadline - clock.now()
                 if left <= 0:
                     raise StoreError(
