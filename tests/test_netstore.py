@@ -271,3 +271,30 @@ def test_a_host_that_is_not_there_is_not_taken_for_another_program() -> None:
 
     msg = run(body)
     assert "is unreachable" in msg and "handshake" not in msg, msg
+
+
+def test_the_host_warns_once_per_peer_of_connections_in_another_protocol(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A torchrun node's TCPStore client at an elastic store host: the host's log says
+    what it is, once per peer host however often the client retries."""
+
+    async def body() -> None:
+        async with serving() as server:
+            for _ in range(3):
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(b"\x0f\x00\x00\x00\x00\x00\x00\x4e\x5e")  # not a frame of ours
+                await writer.drain()
+                assert await reader.read() != b""  # the protocol error frame, then EOF
+                writer.close()
+            c = await client(server)  # a real client is served as ever
+            await c.set("k", b"v")
+            await c.aclose()
+
+    with caplog.at_level("WARNING", logger="elastic.real.netstore"):
+        run(body)
+    warned = [
+        r.getMessage() for r in caplog.records if "does not speak its protocol" in r.getMessage()
+    ]
+    assert len(warned) == 1, warned
+    assert "from 127.0.0.1" in warned[0] and "torch TCPStore" in warned[0], warned

@@ -85,6 +85,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 29400  # torch's c10d rendezvous backend's default
 _READ_CHUNK = 256 * 1024
+_MAX_FOREIGN_WARNED = 64  # peer hosts a store host warns of, at most (bounded memory)
 _PRE_AUTH_FRAME = 4096  # before authentication a frame can only be a small hello
 _BLOCKING = frozenset({"get", "wait", "multi_get", "watch", "watch_snapshot"})
 
@@ -187,6 +188,7 @@ class StoreServer:
         self._conns: set[_ServerConn] = set()
         self._handlers: set[asyncio.Task[Any]] = set()
         self._idle_waiters: list[asyncio.Future[None]] = []
+        self._foreign: set[str] = set()  # peers already warned of (not this protocol)
 
     def __repr__(self) -> str:  # never shows the token
         return f"StoreServer({self.address!r}, auth={self._token is not None})"
@@ -235,6 +237,21 @@ class StoreServer:
         except TimeoutError:
             return False
         return True
+
+    def _warn_foreign(self, peer: str, why: str) -> None:
+        """A connection's first bytes were not this protocol: say so once per peer host
+        (a torchrun node's TCPStore client retries for its whole timeout)."""
+        if peer in self._foreign or len(self._foreign) >= _MAX_FOREIGN_WARNED:
+            return
+        self._foreign.add(peer)
+        logger.warning(
+            "the store at %s closed a connection from %s that does not speak its protocol "
+            "(%s): is a torch TCPStore client (a torchrun node) pointed at this job? Every "
+            "node of the job must run elastic's agent",
+            self.address,
+            peer,
+            why,
+        )
 
     def _token_ok(self, given: str | None) -> bool:
         if self._token is None:
@@ -355,6 +372,9 @@ class _ServerConn:
                     if self.dead:
                         return
             except ProtocolError as e:
+                if not self.authed:
+                    peer = self.writer.get_extra_info("peername")
+                    self.server._warn_foreign(str(peer[0]) if peer else "?", str(e))
                 self.fail("protocol", str(e))
                 return
 
