@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,3 +56,73 @@ def test_the_512_node_plot_is_a_band_drawn_in_10_s_and_300_mb(tmp_path: Path) ->
         "down or excluded",
     ]
     assert "fault: gpu_error" in labels
+
+
+def _restarting(nodes: int, restarts: int, hours: float, gap: float, spares: int = 0) -> list[Any]:
+    """A cluster that spends ``gap`` seconds between groups at each of ``restarts``
+    evenly spaced restarts over ``hours``, and ``spares`` nodes that wait in rendezvous
+    all along (the count between groups never returns to zero)."""
+    from elastic.events import AgentEvent, kinds
+
+    events = [AgentEvent(0.0, n, kinds.AGENT_START) for n in range(nodes + spares)]
+    period = hours * 3600 / restarts
+    for r in range(restarts):
+        up = r * period + gap
+        events += [AgentEvent(up, n, kinds.AGENT_GROUP_STARTED) for n in range(nodes)]
+        down = (r + 1) * period
+        events += [AgentEvent(down, n, kinds.AGENT_GROUP_STOPPED) for n in range(nodes)]
+    return events
+
+
+def _colour_share(png: Path, colour: str, other: str) -> float:
+    """The share of ``colour``'s pixels among ``colour``'s and ``other``'s."""
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(png))[..., :3]
+    counts = []
+    for c in (colour, other):
+        rgb = [int(c[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+        near = (abs(img - rgb) < 0.02).all(axis=-1)
+        counts.append(int(near.sum()))
+    return counts[0] / max(sum(counts), 1)
+
+
+@pytest.mark.parametrize(
+    ("restarts", "gap", "spares"), [(500, 200.0, 0), (500, 200.0, 4), (30, 600.0, 0)]
+)
+def test_the_band_shows_time_between_groups_in_proportion(
+    tmp_path: Path, restarts: int, gap: float, spares: int
+) -> None:
+    """Many short restarts (Llama 3's 457 in 54 days) must not paint the band "between
+    groups": each state's area is its node-time, within a few points, with spares
+    waiting all along or not.  A few restarts stay drawn one by one, each visible."""
+    from sim.plot import BAND_BINS, plot_timeline
+
+    hours, nodes = 1000.0, 100
+    out = tmp_path / "band.png"
+    plot_timeline(_restarting(nodes, restarts, hours, gap, spares), str(out), "t")
+    between = _colour_share(out, "#ff7f0e", "#2ca02c")
+    span = hours * 3600
+    true = (nodes * restarts * gap + spares * span) / ((nodes + spares) * span)
+    if restarts > BAND_BINS // 10:
+        assert abs(between - true) < 0.03, (between, true)
+    else:
+        # exact drawing, every restart at least a pixel wide: visible, not drowned
+        assert between >= true, (between, true)
+        assert between < 0.2, between
+
+
+def test_band_means_keep_each_states_node_time() -> None:
+    from sim.plot import Timeline
+
+    tl = Timeline(_restarting(7, 13, 10.0, 333.0))
+    tl.close()
+    times, series = tl.band()
+    edges, means = tl.band_means(37)
+    width = edges[1] - edges[0]
+    for s in range(3):
+        exact = sum(
+            series[s][j] * ((times[j + 1] if j + 1 < len(times) else tl.end) - times[j])
+            for j in range(len(times))
+        )
+        assert sum(means[s]) * width == pytest.approx(exact, rel=1e-9)
