@@ -13,7 +13,12 @@ What makes a GPU unhealthy (each a documented NVML query):
 * uncorrectable ECC errors since the last driver load —
   ``nvmlDeviceGetTotalEccErrors(h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC)``
   > 0;
-* row remapping failed or pending — ``nvmlDeviceGetRemappedRows`` (Ampere and later).
+* row remapping failed or pending — ``nvmlDeviceGetRemappedRows`` (Ampere and later);
+* a recovery action the driver asks for — the field
+  ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` of ``nvmlDeviceGetFieldValues`` (driver r570
+  and later: NVIDIA's GPU Recovery API) is not ``NVML_GPU_RECOVERY_ACTION_NONE``: the GPU
+  needs a reset, the node a reboot, its peer-to-peer traffic draining, and so on.  Only
+  asked of a ``pynvml`` that has ``nvmlDeviceGetFieldValues``.
 
 ``NVML_ERROR_NOT_SUPPORTED`` (and other refusals such as missing permission or a driver
 too old for the call) means "unknown", never "unhealthy": the check is listed in
@@ -70,6 +75,18 @@ _UNKNOWN = 999
 _FEATURE_ENABLED = 1
 _MEMORY_ERROR_TYPE_UNCORRECTED = 1
 _VOLATILE_ECC = 0
+# the GPU Recovery API (nvml.h, driver r570+): the field and the actions it reports
+_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+RECOVERY_ACTIONS: dict[int, str] = {
+    1: "the GPU needs a reset (NVML_GPU_RECOVERY_ACTION_GPU_RESET)",
+    2: "the node needs a reboot (NVML_GPU_RECOVERY_ACTION_NODE_REBOOT)",
+    3: "its peer-to-peer traffic must be drained (NVML_GPU_RECOVERY_ACTION_DRAIN_P2P)",
+    4: "it runs at reduced capacity: drain it and reset it "
+    "(NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET)",
+    5: "its IMEX domain must be recovered (NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN)",
+    6: "the GPU needs a bus reset (NVML_GPU_RECOVERY_ACTION_BUS_RESET)",
+    7: "the system needs a reboot (NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT)",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +248,46 @@ def _check_gpu(nv: ModuleType, index: int) -> GpuHealth:
             gpu._problem("row remapping failed (the GPU should be replaced)")
         elif is_pending:
             gpu._problem("row remapping pending (the GPU needs a reset)")
+    action = _recovery_action(gpu, handle)
+    if action:
+        gpu._problem(f"NVML asks for recovery: {_recovery_text(nv, action)}")
     return GpuHealth(index, uuid, name, bus_id, serial, tuple(gpu.problems), tuple(gpu.unknown))
+
+
+def _recovery_action(gpu: _Gpu, handle: Any) -> int | None:
+    """The GPU Recovery API's action for this GPU (0: none), or None where it cannot be
+    asked (a ``pynvml`` without field values, a driver older than r570)."""
+    nv = gpu.nv
+    get = getattr(nv, "nvmlDeviceGetFieldValues", None)
+    if get is None:
+        return None
+    field = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", _FI_DEV_GET_GPU_RECOVERY_ACTION)
+    what = "GPU recovery action"
+    values = gpu.query(what, lambda: get(handle, [field]))
+    if values is None:
+        return None
+    try:
+        value = values[0]
+        status = getattr(value, "nvmlReturn", 0)
+        if isinstance(status, int) and status != 0:
+            reason = "not supported" if status == _NOT_SUPPORTED else f"NVML return {status}"
+            gpu.unknown.append(f"{what}: {reason}")
+            return None
+        action = value.value.uiVal
+    except (AttributeError, IndexError, TypeError):
+        gpu.unknown.append(f"{what}: no value")
+        return None
+    return action if isinstance(action, int) else None
+
+
+def _recovery_text(nv: ModuleType, action: int) -> str:
+    """What a recovery action asks for, in words (the module's constants first: a newer
+    ``pynvml`` may number actions this table does not know)."""
+    for name in dir(nv):
+        if name.startswith("NVML_GPU_RECOVERY_ACTION_") and getattr(nv, name) == action:
+            known = RECOVERY_ACTIONS.get(action)
+            return known if known is not None and name in known else name
+    return RECOVERY_ACTIONS.get(action, f"unknown recovery action {action}")
 
 
 def _visible_indices(nv: ModuleType, count: int, environ: Mapping[str, str]) -> list[int] | None:

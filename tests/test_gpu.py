@@ -34,6 +34,10 @@ class FakeGpu:
     rows: tuple[int, int, int, int] | Exception = (0, 0, 0, 0)
     serial: str | Exception = field(default_factory=lambda: NVMLError(NOT_SUPPORTED))
     handle_error: Exception | None = None
+    # the GPU Recovery API's field: an action (0: none), a per-field NVML return code
+    # (("return", code)), or an exception from nvmlDeviceGetFieldValues
+    recovery: int | tuple[str, int] | Exception = 0
+    name: str = "NVIDIA H100 80GB HBM3"
 
 
 @dataclass
@@ -41,7 +45,23 @@ class Pci:
     busId: bytes  # pynvml's field name
 
 
-def fake_pynvml(gpus: list[FakeGpu], init_error: Exception | None = None) -> types.ModuleType:
+RECOVERY_ACTIONS = {
+    "NVML_GPU_RECOVERY_ACTION_NONE": 0,
+    "NVML_GPU_RECOVERY_ACTION_GPU_RESET": 1,
+    "NVML_GPU_RECOVERY_ACTION_NODE_REBOOT": 2,
+    "NVML_GPU_RECOVERY_ACTION_DRAIN_P2P": 3,
+    "NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET": 4,
+}
+
+
+def fake_pynvml(
+    gpus: list[FakeGpu],
+    init_error: Exception | None = None,
+    recovery_api: bool = False,
+    driver: str | Exception = "570.86.10",
+) -> types.ModuleType:
+    """A pynvml over ``gpus``; ``recovery_api``: it has ``nvmlDeviceGetFieldValues`` and
+    the GPU Recovery API's constants (pynvml 12.570 and later)."""
     nv = types.ModuleType("pynvml")
     calls: dict[str, int] = {"init": 0, "shutdown": 0}
 
@@ -76,13 +96,26 @@ def fake_pynvml(gpus: list[FakeGpu], init_error: Exception | None = None) -> typ
         "nvmlDeviceGetCount": lambda: len(gpus),
         "nvmlDeviceGetHandleByIndex": handle,
         "nvmlDeviceGetUUID": lambda h: h.uuid.encode(),
-        "nvmlDeviceGetName": lambda h: "NVIDIA H100 80GB HBM3",
+        "nvmlDeviceGetName": lambda h: h.name.encode(),
+        "nvmlSystemGetDriverVersion": lambda: answer(driver),
         "nvmlDeviceGetPciInfo": lambda h: Pci(f"00000000:{gpus.index(h):02X}:00.0".encode()),
         "nvmlDeviceGetSerial": lambda h: answer(h.serial),
         "nvmlDeviceGetRetiredPagesPendingStatus": lambda h: answer(h.pending_pages),
         "nvmlDeviceGetTotalEccErrors": ecc,
         "nvmlDeviceGetRemappedRows": lambda h: answer(h.rows),
     }
+    if recovery_api:
+
+        def field_values(h: FakeGpu, ids: list[int]) -> list[Any]:
+            assert ids == [230], ids  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+            v = answer(h.recovery)
+            if isinstance(v, tuple):
+                return [types.SimpleNamespace(nvmlReturn=v[1], value=None)]
+            return [types.SimpleNamespace(nvmlReturn=0, value=types.SimpleNamespace(uiVal=v))]
+
+        ns["nvmlDeviceGetFieldValues"] = field_values
+        ns["NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"] = 230
+        ns.update(RECOVERY_ACTIONS)
     for k, v in ns.items():
         setattr(nv, k, v)
     return nv
@@ -269,3 +302,63 @@ def test_say_once_logs_a_message_once(
 def test_real_pynvml_on_this_host_does_not_raise() -> None:
     r = check_node_health()
     assert isinstance(r.healthy, bool) and r.message
+
+
+@pytest.mark.parametrize(
+    ("action", "says"),
+    [
+        (1, "the GPU needs a reset (NVML_GPU_RECOVERY_ACTION_GPU_RESET)"),
+        (2, "the node needs a reboot (NVML_GPU_RECOVERY_ACTION_NODE_REBOOT)"),
+        (3, "peer-to-peer traffic must be drained"),
+        (4, "reduced capacity"),
+        (99, "unknown recovery action 99"),
+    ],
+)
+def test_a_recovery_action_makes_the_gpu_unhealthy(
+    install: Callable[[types.ModuleType | None], None], action: int, says: str
+) -> None:
+    gpus = two()
+    gpus[1].recovery = action
+    install(fake_pynvml(gpus, recovery_api=True))
+    r = check_node_health(expected_devices=2)
+    assert not r.healthy
+    assert [g.index for g in r.unhealthy] == [1]
+    assert "GPU 1 (GPU-bbbb-1111, 00000000:01:00.0): NVML asks for recovery: " in r.message
+    assert says in r.message
+
+
+def test_no_recovery_action_or_no_recovery_api_is_healthy(
+    install: Callable[[types.ModuleType | None], None],
+) -> None:
+    install(fake_pynvml(two(), recovery_api=True))
+    assert check_node_health(expected_devices=2).message == "2 GPU(s) healthy"
+    # an older pynvml (no field values): not asked, nothing to report
+    install(fake_pynvml(two(), recovery_api=False))
+    assert check_node_health(expected_devices=2).message == "2 GPU(s) healthy"
+
+
+@pytest.mark.parametrize(
+    "answer", [NVMLError(NOT_SUPPORTED), ("return", NOT_SUPPORTED)], ids=["call", "field"]
+)
+def test_a_driver_without_the_recovery_api_is_unknown_not_unhealthy(
+    install: Callable[[types.ModuleType | None], None], answer: Any
+) -> None:
+    gpus = two()
+    for g in gpus:
+        g.recovery = answer
+    install(fake_pynvml(gpus, recovery_api=True))
+    r = check_node_health(expected_devices=2)
+    assert r.healthy
+    assert "GPU recovery action" in r.message  # listed as not checked
+    assert all(any("GPU recovery action" in u for u in g.unknown) for g in r.gpus)
+
+
+def test_a_gpu_lost_while_asking_its_recovery_action_is_unhealthy(
+    install: Callable[[types.ModuleType | None], None],
+) -> None:
+    gpus = two()
+    gpus[0].recovery = NVMLError(GPU_IS_LOST)
+    install(fake_pynvml(gpus, recovery_api=True))
+    r = check_node_health()
+    assert not r.healthy
+    assert "GPU 0 (GPU-aaaa-0000, 00000000:00:00.0): GPU is lost" in r.message

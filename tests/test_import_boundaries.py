@@ -48,6 +48,9 @@ REAL_ADAPTERS = {
     "elastic/timer/local_timer.py",
     "elastic/timer/file_based_local_timer.py",
     "elastic/utils/api.py",  # torch's get_socket_with_port: opens a listening socket
+    # newer torch's GPU health check: NVML from a worker thread, asyncio's sleep between
+    # checks (a real-mode utility for programs; the agent checks through elastic.gpu)
+    "elastic/utils/gpu_health_check.py",
 }
 
 # The pure core: these must stay free of I/O imports whatever else changes.

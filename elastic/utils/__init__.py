@@ -3,7 +3,8 @@
 :mod:`.api` (environment lookups, a listening socket on a free port, the ``${local_rank}``
 macro), :mod:`.distributed` (a free port), :mod:`.logging` (``get_logger``) and
 :mod:`.store` (``barrier`` and ``synchronize`` over a torch-style synchronous store, for
-programs that use them inside their workers).  The agent itself uses none of these: its
+programs that use them inside their workers) and :mod:`.gpu_health_check` (NVML health
+checks under newer torch's names).  The agent itself uses none of these: its
 rendezvous and barriers go through the store port.
 """
 
@@ -19,6 +20,7 @@ __getattr__ = submodules(
     (
         "data",
         "distributed",
+        "gpu_health_check",
         "log_level",
         "logging",
         "store",

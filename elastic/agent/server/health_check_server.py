@@ -59,9 +59,17 @@ import time
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["HealthCheckServer", "create_healthcheck_server"]
+if TYPE_CHECKING:
+    from elastic.utils.gpu_health_check import GPUHealthCheck
+
+__all__ = [
+    "GPUHealthCheckServer",
+    "HealthCheckServer",
+    "create_gpu_healthcheck_server",
+    "create_healthcheck_server",
+]
 
 log = logging.getLogger(__name__)
 
@@ -368,3 +376,155 @@ def create_healthcheck_server(
 ) -> HealthCheckServer:
     """torch's factory: a :class:`HealthCheckServer` on 127.0.0.1:``port``."""
     return HealthCheckServer(alive_callback, port, timeout)
+
+
+class GPUHealthCheckServer(HealthCheckServer):
+    """A :class:`HealthCheckServer` that also watches this host's GPUs (newer torch's
+    name, after NVIDIA's resiliency extension).
+
+    A thread checks the GPUs (``gpu_device_index``: one, or None for all) at
+    :meth:`start` and then every ``gpu_check_interval`` seconds, with
+    :class:`~elastic.utils.gpu_health_check.GPUHealthCheck` (NVML: lost GPUs, pending
+    retired pages or row remaps, uncorrectable ECC errors, recovery actions).  ``/health``
+    carries the last verdict as ``gpu_health`` and answers 503 (``"status":
+    "gpu_unhealthy"``) while it is unhealthy; :meth:`get_gpu_health_status` and
+    :meth:`get_health_summary` give the same as dictionaries.  Where the check is
+    disabled (no NVML, a driver older than r570) the GPUs count as healthy and the
+    status says ``"enabled": false``.  :meth:`stop` ends the thread at once (it waits
+    on an event between checks, never sleeps).
+    """
+
+    def __init__(
+        self,
+        alive_callback: Callable[[], float],
+        port: int,
+        timeout: float,
+        gpu_device_index: int | None = None,
+        gpu_check_interval: float = 60,
+        enable_gpu_monitoring: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(alive_callback, port, timeout, **kwargs)
+        if not gpu_check_interval > 0:
+            raise ValueError(
+                f"gpu_check_interval: got {gpu_check_interval!r}; expected seconds > 0"
+            )
+        self._gpu_device_index = gpu_device_index
+        self._gpu_check_interval = gpu_check_interval
+        self._gpu_monitoring_enabled = enable_gpu_monitoring
+        self._gpu_health_check: GPUHealthCheck | None = None
+        self._gpu_health_lock = threading.Lock()
+        self._last_gpu_health_status = True
+        self._last_gpu_check_time: float | None = None
+        self._gpu_health_stop_event = threading.Event()
+        self._gpu_health_thread: threading.Thread | None = None
+        if enable_gpu_monitoring:
+            from elastic.utils.gpu_health_check import GPUHealthCheck
+
+            self._gpu_health_check = GPUHealthCheck(
+                device_index=gpu_device_index, interval=int(gpu_check_interval)
+            )
+
+    def start(self) -> None:
+        """Serve ``/health`` and ``/metrics`` and start watching the GPUs."""
+        super().start()
+        check = self._gpu_health_check
+        if check is None or not check.enabled or self._gpu_health_thread is not None:
+            return
+        self._gpu_health_stop_event.clear()
+        self._gpu_health_thread = threading.Thread(
+            target=self._gpu_monitoring_loop, daemon=True, name="gpu-health-monitor"
+        )
+        self._gpu_health_thread.start()
+
+    def stop(self) -> None:
+        """Stop watching the GPUs and serving."""
+        thread, self._gpu_health_thread = self._gpu_health_thread, None
+        if thread is not None:
+            self._gpu_health_stop_event.set()
+            thread.join(5.0)
+            if thread.is_alive():
+                log.warning("the GPU health thread is still in an NVML call; left behind")
+        super().stop()
+
+    def _gpu_monitoring_loop(self) -> None:
+        check = self._gpu_health_check
+        assert check is not None
+        while not self._gpu_health_stop_event.is_set():
+            try:
+                healthy = bool(check())
+            except Exception:
+                log.exception("GPU health check failed")
+                healthy = False
+            with self._gpu_health_lock:
+                was = self._last_gpu_health_status
+                self._last_gpu_health_status = healthy
+                self._last_gpu_check_time = self._now()
+            if was and not healthy:
+                log.warning("GPU health check: unhealthy GPU(s) on this host")
+            elif healthy and not was:
+                log.info("GPU health check: the GPUs are healthy again")
+            self._gpu_health_stop_event.wait(self._gpu_check_interval)
+
+    def get_gpu_health_status(self) -> dict[str, Any]:
+        """The last GPU verdict: ``enabled``, ``device_index``, ``is_healthy``,
+        ``pynvml_available``, ``timestamp`` and ``last_check_time`` (None before the
+        first check); ``{"error": ...}`` when monitoring was not asked for."""
+        check = self._gpu_health_check
+        if not self._gpu_monitoring_enabled or check is None:
+            return {"error": "GPU monitoring not enabled"}
+        with self._gpu_health_lock:
+            return {
+                "enabled": bool(check.enabled),
+                "device_index": self._gpu_device_index,
+                "is_healthy": self._last_gpu_health_status,
+                "pynvml_available": bool(check.pynvml_available),
+                "timestamp": time.time(),
+                "last_check_time": self._last_gpu_check_time,
+            }
+
+    def get_health_summary(self) -> dict[str, Any]:
+        """The process's liveness (``alive_callback`` against ``timeout``) and the GPUs'
+        verdict, and both together as ``overall_healthy``."""
+        try:
+            last: float | None = float(self._alive_callback())
+        except Exception:
+            log.exception("health check: alive_callback failed")
+            last = None
+        alive = last is not None and self._now() - last <= self._timeout
+        gpu = self.get_gpu_health_status()
+        gpu_ok = bool(gpu.get("is_healthy", True)) if "error" not in gpu else True
+        return {
+            "process_health": {"alive": alive, "last_progress_time": last},
+            "gpu_health": gpu,
+            "overall_healthy": alive and gpu_ok,
+            "timestamp": time.time(),
+        }
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        code, body = super().health()
+        gpu = self.get_gpu_health_status()
+        body["gpu_health"] = gpu
+        if "error" not in gpu and not gpu["is_healthy"] and code == HTTPStatus.OK:
+            body["status"] = "gpu_unhealthy"
+            code = HTTPStatus.SERVICE_UNAVAILABLE
+        return code, body
+
+
+def create_gpu_healthcheck_server(
+    alive_callback: Callable[[], float],
+    port: int,
+    timeout: float,
+    gpu_device_index: int | None = None,
+    gpu_check_interval: float = 60,
+    enable_gpu_monitoring: bool = True,
+) -> GPUHealthCheckServer:
+    """A :class:`GPUHealthCheckServer` (newer torch's factory)."""
+    return GPUHealthCheckServer(
+        alive_callback,
+        port,
+        timeout,
+        gpu_device_index=gpu_device_index,
+        gpu_check_interval=gpu_check_interval,
+        enable_gpu_monitoring=enable_gpu_monitoring,
+    )
