@@ -31,7 +31,8 @@ import asyncio
 import inspect
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
 from types import ModuleType
 from typing import Any, ParamSpec, TypeVar
@@ -94,21 +95,17 @@ class PynvmlMixin:
         nv = self.pynvml
         if nv is None:
             return False
-        try:
-            nv.nvmlInit()
-        except Exception as e:
-            logger.debug("NVML could not start to detect GB200: %s", e)
-            return False
-        try:
-            if int(nv.nvmlDeviceGetCount()) == 0:
+        with _session(nv, logger.debug, "to detect GB200") as started:
+            if not started:
                 return False
-            name = _gpu._text(nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(0)))
+            try:
+                if int(nv.nvmlDeviceGetCount()) == 0:
+                    return False
+                name = _gpu._text(nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(0)))
+            except nv.NVMLError as e:
+                logger.debug("NVML error while detecting GB200: %s", e)
+                return False
             return any(kind in name.upper() for kind in ("GB200", "B200"))
-        except nv.NVMLError as e:
-            logger.debug("NVML error while detecting GB200: %s", e)
-            return False
-        finally:
-            _shutdown(nv)
 
     def get_gb200_static_mapping(self) -> dict[int, str]:
         """torch's static GPU (local rank) to NIC mapping of a GB200 node."""
@@ -122,27 +119,35 @@ class PynvmlMixin:
         if nv is None:
             raise RuntimeError("pynvml is not initialized: call check_pynvml_availability() first")
         mapping: dict[int, str] = {}
-        try:
-            nv.nvmlInit()
-        except Exception as e:
-            logger.error("NVML could not start: %s", e)
-            return mapping
-        try:
-            for i in range(int(nv.nvmlDeviceGetCount())):
-                info = nv.nvmlDeviceGetPciInfo(nv.nvmlDeviceGetHandleByIndex(i))
-                mapping[i] = _gpu._text(info.busId).lower()[-12:]
-        except nv.NVMLError as e:
-            logger.error("NVML error while reading PCI bus ids: %s", e)
-        finally:
-            _shutdown(nv)
+        with _session(nv, logger.error, "to read PCI bus ids") as started:
+            if not started:
+                return mapping
+            try:
+                for i in range(int(nv.nvmlDeviceGetCount())):
+                    info = nv.nvmlDeviceGetPciInfo(nv.nvmlDeviceGetHandleByIndex(i))
+                    mapping[i] = _gpu._text(info.busId).lower()[-12:]
+            except nv.NVMLError as e:
+                logger.error("NVML error while reading PCI bus ids: %s", e)
         return mapping
 
 
-def _shutdown(nv: ModuleType) -> None:
+@contextmanager
+def _session(nv: ModuleType, log: Callable[..., None], why: str) -> Iterator[bool]:
+    """NVML started for one use, shut down after; False (logged with ``log``) when it
+    would not start."""
     try:
-        nv.nvmlShutdown()
+        nv.nvmlInit()
     except Exception as e:
-        logger.debug("nvmlShutdown failed: %s", e)
+        log("NVML could not start %s: %s", why, e)
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception as e:
+            logger.debug("nvmlShutdown failed: %s", e)
 
 
 class GPUHealthCheck(PynvmlMixin):
@@ -173,21 +178,17 @@ class GPUHealthCheck(PynvmlMixin):
         if not self.pynvml_available or nv is None:
             logger.warning("GPU health checks are disabled because pynvml is not available.")
             return False
-        try:
-            nv.nvmlInit()
-        except Exception as e:
-            logger.warning("GPU health checks disabled: NVML could not start (%s)", e)
-            return False
-        try:
-            version = _gpu._text(nv.nvmlSystemGetDriverVersion())
-            major = int(version.split(".")[0])
-        except Exception as e:
-            logger.warning(
-                "GPU health checks disabled: unable to determine the driver version (%s)", e
-            )
-            return False
-        finally:
-            _shutdown(nv)
+        with _session(nv, logger.warning, "(GPU health checks disabled)") as started:
+            if not started:
+                return False
+            try:
+                version = _gpu._text(nv.nvmlSystemGetDriverVersion())
+                major = int(version.split(".")[0])
+            except Exception as e:
+                logger.warning(
+                    "GPU health checks disabled: unable to determine the driver version (%s)", e
+                )
+                return False
         if major < GPU_RECOVERY_API_MIN_DRIVER_VERSION:
             logger.warning(
                 "GPU health checks disabled: GPU driver version r%d is older than "
@@ -226,28 +227,24 @@ class GPUHealthCheck(PynvmlMixin):
         nv = self.pynvml
         if nv is None:
             return True
-        try:
-            nv.nvmlInit()
-        except Exception as e:
-            logger.warning("NVML error: %s", e)
-            return False
-        try:
-            count = int(nv.nvmlDeviceGetCount())
-            if self.device_index is not None:
-                if not 0 <= self.device_index < count:
-                    logger.warning(
-                        "GPU %s: no such device (NVML sees %d)", self.device_index, count
-                    )
-                    return False
-                devices: list[int] = [self.device_index]
-            else:
-                devices = list(range(count))
-            return all(self._check_gpu_health(i) for i in devices)
-        except Exception as e:
-            logger.warning("NVML error: %s", e)
-            return False
-        finally:
-            _shutdown(nv)
+        with _session(nv, logger.warning, "for a health check") as started:
+            if not started:
+                return False
+            try:
+                count = int(nv.nvmlDeviceGetCount())
+                if self.device_index is not None:
+                    if not 0 <= self.device_index < count:
+                        logger.warning(
+                            "GPU %s: no such device (NVML sees %d)", self.device_index, count
+                        )
+                        return False
+                    devices: list[int] = [self.device_index]
+                else:
+                    devices = list(range(count))
+                return all(self._check_gpu_health(i) for i in devices)
+            except Exception as e:
+                logger.warning("NVML error: %s", e)
+                return False
 
     def _check_gpu_health(self, device_id: int) -> bool:
         """One GPU's verdict (NVML initialised by the caller); its problems are logged."""
