@@ -361,14 +361,15 @@ def test_the_report_gives_the_time_of_the_failure_not_of_the_end_of_the_stop(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("fault", ["ecc", "recovery_action"])
 def test_monitor_interval_is_the_period_of_the_nvml_health_check_while_the_group_runs(
-    tmp_path: Path, tag: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tag: str, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
     monkeypatch.setenv(TAG, tag)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(lae, "NVIDIA_CONTROL_DEVICE", __file__)  # "a driver is present"
     gpus = [FakeGpu("GPU-aaaa-0000"), FakeGpu("GPU-bbbb-1111")]
-    nv = fake_pynvml(gpus)
+    nv = fake_pynvml(gpus, recovery_api=True)
     monkeypatch.setitem(sys.modules, "pynvml", nv)
     events = ListSink()
     agent = _agent(tmp_path, events)
@@ -382,12 +383,17 @@ def test_monitor_interval_is_the_period_of_the_nvml_health_check_while_the_group
         run = asyncio.ensure_future(agent.run_async())
         await asyncio.sleep(2.0)
         checks_while_healthy = nv.calls["init"]
-        gpus[1].ecc = 3  # an uncorrectable memory error appears while the group runs
+        assert agent._health_status()["gpu"] == {"healthy": True, "message": "2 GPU(s) healthy"}
+        if fault == "ecc":
+            gpus[1].ecc = 3  # an uncorrectable memory error appears while the group runs
+        else:
+            gpus[1].recovery = 2  # the driver asks for a node reboot
         flipped.append(time.monotonic())
         result = await run
         return result, checks_while_healthy
 
     result, checks = asyncio.run(main())
+    assert agent._health_status()["gpu"]["healthy"] is False  # what /health shows
     noticed = time.monotonic() - flipped[0]
     assert result is not None and result.state == WorkerState.UNHEALTHY
     # one check before the start, then one every 0.5 s: about 4 in the first 2 s

@@ -42,7 +42,8 @@ set up once per :meth:`run_async` and torn down in its ``finally``:
   ``/metrics`` (:mod:`elastic.agent.server.health_check_server`, which bounds its
   connections and request time); ``/health`` is 503
   once the last progress (:meth:`LocalElasticAgent.get_last_progress_time`) is older
-  than 60 s, or ``ELASTIC_HEALTH_CHECK_TIMEOUT`` seconds.
+  than 60 s, or ``ELASTIC_HEALTH_CHECK_TIMEOUT`` seconds; where NVML sees GPUs its body
+  carries the last GPU check's verdict (``"gpu": {"healthy": ..., "message": ...}``).
 
 Failures are recorded as :class:`~elastic.multiprocessing.errors.ProcessFailure`
 (with the error file the worker's ``@record`` wrote), keyed by global rank.
@@ -313,6 +314,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._private_dir: str | None = None
         self._groups: list[RunningGroup] = []
         self._nvml_absent = False
+        # the last GPU check's verdict, for /health (None: NVML absent or no check yet)
+        self._gpu_verdict: dict[str, Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         if spec.numa_options:
             logger.warning("--numa-binding is not supported yet; workers are not bound")
@@ -359,6 +362,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             "remaining_restarts": self.remaining_restarts,
             "run_id": wg.spec.rdzv_handler.get_run_id(),
             "worker_pids": sorted(self.running_pids().values()),
+            **({"gpu": dict(self._gpu_verdict)} if self._gpu_verdict is not None else {}),
         }
 
     def _health_metrics(self) -> dict[str, float | int | bool]:
@@ -690,6 +694,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             return None
         if not report.gpus:
             return None
+        self._gpu_verdict = {"healthy": report.healthy, "message": report.message}
         if not sampled or not report.healthy:
             self._emit(kinds.AGENT_GPU_CHECK, healthy=report.healthy, message=report.message)
         return None if report.healthy else report.message
