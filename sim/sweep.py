@@ -528,8 +528,9 @@ def _table(out: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_sweep(out: dict[str, Any], path: str) -> None:
-    """Goodput and ETTR against the swept setting: p50 marked, mean line, p5-p95 band."""
+def plot_sweep(out: dict[str, Any], path: str) -> list[str]:
+    """Goodput and ETTR against the swept setting: p50 marked, mean line, p5-p95 band.
+    Returns the legend's labels (every line, band and mark drawn has one)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -558,16 +559,24 @@ def plot_sweep(out: dict[str, Any], path: str) -> None:
             label=f"{name} p5-p95",
         )
         ax.plot(xs, [s["mean"] for s in stats], "-o", color=colour, label=f"{name} mean")
-        ax.plot(xs, [s["p50"] for s in stats], "_", color=colour, markersize=14)
+        ax.plot(
+            xs,
+            [s["p50"] for s in stats],
+            "_",
+            color=colour,
+            markersize=14,
+            label=f"{name} median (p50)",
+        )
     if xlabel == "setting":
         ax.set_xticks(xs, labels, rotation=20, ha="right", fontsize=7)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of wall time")
     ax.set_title(f"{out['scenario']} ({len(out['seeds'])} seeds per setting)", fontsize=9)
-    ax.legend(fontsize=8)
+    legend = ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    return [t.get_text() for t in legend.get_texts()]
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sim.sweep import main, parse_set, percentile
+from sim.sweep import main, parse_set, percentile, plot_sweep
 
 SCENARIO = """
 name: small sweep
@@ -113,5 +113,10 @@ def test_plot_draws_the_spread(
     out = tmp_path / "sweep.png"
     argv = [str(scenario), "--seeds", "2", "--set", "job.checkpoint_every=50,300"]
     assert main([*argv, "--jobs", "1", "--json", "--plot", str(out)]) == 0
-    capsys.readouterr()
+    result = json.loads(capsys.readouterr().out)
     assert out.stat().st_size > 1000
+    # every line, band and mark drawn is named in the legend (the p50 dashes were not)
+    labels = plot_sweep(result, str(tmp_path / "again.png"))
+    for name in ("goodput", "ettr"):
+        for what in ("p5-p95", "mean", "median (p50)"):
+            assert f"{name} {what}" in labels
