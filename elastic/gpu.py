@@ -281,13 +281,14 @@ def _recovery_action(gpu: _Gpu, handle: Any) -> int | None:
 
 
 def _recovery_text(nv: ModuleType, action: int) -> str:
-    """What a recovery action asks for, in words (the module's constants first: a newer
-    ``pynvml`` may number actions this table does not know)."""
-    for name in dir(nv):
-        if name.startswith("NVML_GPU_RECOVERY_ACTION_") and getattr(nv, name) == action:
-            known = RECOVERY_ACTIONS.get(action)
-            return known if known is not None and name in known else name
-    return RECOVERY_ACTIONS.get(action, f"unknown recovery action {action}")
+    """What a recovery action asks for, in words; an action newer than this table by the
+    ``pynvml`` constant that names it."""
+    known = RECOVERY_ACTIONS.get(action)
+    if known is not None:
+        return known
+    prefix = "NVML_GPU_RECOVERY_ACTION_"
+    names = [n for n in dir(nv) if n.startswith(prefix) and getattr(nv, n) == action]
+    return names[0] if names else f"unknown recovery action {action}"
 
 
 def _visible_indices(nv: ModuleType, count: int, environ: Mapping[str, str]) -> list[int] | None:

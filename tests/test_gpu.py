@@ -362,3 +362,16 @@ def test_a_gpu_lost_while_asking_its_recovery_action_is_unhealthy(
     r = check_node_health()
     assert not r.healthy
     assert "GPU 0 (GPU-aaaa-0000, 00000000:00:00.0): GPU is lost" in r.message
+
+
+def test_a_recovery_action_newer_than_the_table_is_named_by_pynvml(
+    install: Callable[[types.ModuleType | None], None],
+) -> None:
+    gpus = two()
+    gpus[0].recovery = 9
+    nv = fake_pynvml(gpus, recovery_api=True)
+    nv.NVML_GPU_RECOVERY_ACTION_SOMETHING_NEW = 9  # type: ignore[attr-defined]
+    install(nv)
+    r = check_node_health()
+    assert not r.healthy
+    assert "NVML asks for recovery: NVML_GPU_RECOVERY_ACTION_SOMETHING_NEW" in r.message
