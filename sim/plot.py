@@ -22,10 +22,11 @@ only when a plot is asked for (optional extra ``plot``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from elastic.events import AgentEvent, kinds
+from elastic.events import AgentEvent, WorkerEvents, kinds
 from sim.losses import LostTime
 
 __all__ = ["MAX_LANES", "Timeline", "plot_timeline"]
@@ -68,12 +69,25 @@ class Timeline:
     """What the plot needs, gathered in one pass over the events: an event sink (the
     simulator streams its log through it, ``elastic sim --plot``) or built from an
     iterable of events.  It keeps the lanes, faults, node state changes and progress
-    points it draws, not the events."""
+    points it draws, not the events.
+
+    Cost, for a long run at scale (Llama 3's 2,048 nodes x 54 days: 2 million node state
+    changes): it takes events as their parts (:func:`elastic.events.parts_sink`), so a
+    simulated run with ``--plot`` makes no event objects, and a group of workers' events
+    is read once (only the lost-time accounting looks at them, and only at the first);
+    each state change is 17 bytes in three arrays, not a tuple of objects; the lanes are
+    kept only while the cluster can be drawn as lanes (:data:`MAX_LANES` nodes)."""
 
     def __init__(self, events: Iterable[AgentEvent] = ()) -> None:
         self.lanes: dict[Any, list[tuple[float, float, int]]] = {}  # node -> (t0, t1, round)
         self.faults: list[tuple[float, Any, str]] = []  # (t, target, kind)
-        self.changes: list[tuple[float, Any, int]] = []  # (t, node, state)
+        # the node state changes, as columns: time, node (its index in _ids), state
+        self._ct = array("d")
+        self._cn = array("l")
+        self._cs = array("b")
+        self._in_order = True  # times never went back (a simulated log's are in order)
+        self._index: dict[Any, int] = {}
+        self._ids: list[Any] = []
         self.progress_t: list[float] = [0.0]
         self.progress_step: list[float] = [0.0]
         self.end = 0.0
@@ -86,60 +100,138 @@ class Timeline:
         for e in events:
             self.emit(e)
 
+    @property
+    def changes(self) -> list[tuple[float, Any, int]]:
+        """The node state changes as ``(t, node, state)``, in the order seen."""
+        ids = self._ids
+        return [(t, ids[n], int(st)) for t, n, st in zip(self._ct, self._cn, self._cs, strict=True)]
+
+    def _change(self, t: float, node: Any, state: int) -> None:
+        i = self._index.get(node)
+        if i is None:
+            i = self._index[node] = len(self._ids)
+            self._ids.append(node)
+            if i == MAX_LANES:  # one node too many to draw lanes: stop keeping them
+                self.lanes = {}
+        if self._ct and t < self._ct[-1]:
+            self._in_order = False
+        self._ct.append(t)
+        self._cn.append(i)
+        self._cs.append(state)
+
+    def _lanes_kept(self) -> bool:
+        return len(self._ids) <= MAX_LANES
+
     def emit(self, e: AgentEvent) -> None:
-        self.losses.see(e)
-        self.end = max(self.end, e.t)
-        k, f = e.kind, e.fields
+        self.emit_parts(e.t, e.node, e.kind, e.role, e.rank, e.fields)
+
+    def emit_parts(
+        self,
+        t: float,
+        node: int | str,
+        kind: str,
+        role: str,
+        rank: int | None,
+        fields: Mapping[str, Any],
+    ) -> None:
+        """:meth:`emit` of ``AgentEvent(t, node, kind, role, rank, fields)``, without it."""
+        self.losses.see_parts(t, node, kind, rank, fields)
+        if t > self.end:
+            self.end = t
+        k, f = kind, fields
         open_ = self._open
         if k == kinds.RENDEZVOUS:
-            self._round_of[e.node] = int(f.get("round", 0))
+            self._round_of[node] = int(f.get("round", 0))
         elif k == kinds.AGENT_START:
-            self.changes.append((e.t, e.node, _BETWEEN))
+            self._change(t, node, _BETWEEN)
         elif k == kinds.AGENT_GROUP_STARTED:
-            open_[e.node] = (e.t, self._round_of.get(e.node, int(f.get("attempt", 0))))
-            self.changes.append((e.t, e.node, _RUNNING))
+            open_[node] = (t, self._round_of.get(node, int(f.get("attempt", 0))))
+            self._change(t, node, _RUNNING)
         elif k in (kinds.AGENT_GROUP_STOPPED, kinds.AGENT_FINISH, kinds.AGENT_REFUSED_START):
-            self._close(open_, e.node, e.t)
+            self._close(open_, node, t)
             out = k != kinds.AGENT_GROUP_STOPPED
-            self.changes.append((e.t, e.node, _DOWN if out else _BETWEEN))
+            self._change(t, node, _DOWN if out else _BETWEEN)
         elif k == "sim.fault" and f.get("applied", True):
             # a fault that found nothing to hit (its node already down) is not drawn
             target = f.get("target")
-            kind = str(f.get("fault", "fault"))
-            self.faults.append((e.t, target, kind))
-            if kind in _DOWN_FAULTS and target is not None:
-                self._close(open_, target, e.t)
-                self.changes.append((e.t, target, _DOWN))
+            fault = str(f.get("fault", "fault"))
+            self.faults.append((t, target, fault))
+            if fault in _DOWN_FAULTS and target is not None:
+                self._close(open_, target, t)
+                self._change(t, target, _DOWN)
         elif k == "sim.world_running":
             self.has_progress = True
-            self.progress_t.append(e.t)
+            self.progress_t.append(t)
             self.progress_step.append(float(f.get("from_step", 0)))
         elif k == "sim.progress":
             self.has_progress = True
             # reached this step, then falls back to the last checkpoint
-            self.progress_t += [e.t, e.t]
+            self.progress_t += [t, t]
             self.progress_step += [float(f.get("steps", 0)), float(f.get("ckpt_step", 0))]
+
+    def emit_group(self, g: WorkerEvents) -> None:
+        """Exactly :meth:`emit` of each of ``g.events()``."""
+        self.emit_group_parts(g.t, g.node, g.kind, g.role, g.ranks, g.keys, g.fields, g.columns)
+
+    def emit_group_parts(
+        self,
+        t: float,
+        node: int | str,
+        kind: str,
+        role: str,
+        ranks: Sequence[int | None],
+        keys: tuple[str, ...],
+        fields: Mapping[str, Any],
+        columns: Mapping[str, Sequence[Any]],
+    ) -> None:
+        """:meth:`emit_group` of the record with these parts, without it: the plot draws
+        no worker's event; the lost-time accounting reads the first of a group's (one
+        time, node and kind) where that is all it reads, else each."""
+        if not ranks:
+            return
+        if t > self.end:
+            self.end = t
+        if kind not in LostTime.KINDS:
+            return
+        if kind in LostTime.FIRST_AT_AN_INSTANT:
+            first = WorkerEvents.unchecked(t, node, kind, role, ranks[:1], keys, fields, columns)
+            for e in first.events():
+                self.losses.see_parts(e.t, e.node, e.kind, e.rank, e.fields)
+            return
+        group = WorkerEvents.unchecked(t, node, kind, role, ranks, keys, fields, columns)
+        for e in group.events():
+            self.emit_parts(e.t, e.node, e.kind, e.role, e.rank, e.fields)
 
     def close(self) -> None:
         """The log ended: lanes still open run to its last event."""
         if self._closed:
             return
         self._closed = True
-        for node, (t0, rnd) in self._open.items():
-            self.lanes.setdefault(node, []).append((t0, self.end, rnd))
+        if self._lanes_kept():
+            for node, (t0, rnd) in self._open.items():
+                self.lanes.setdefault(node, []).append((t0, self.end, rnd))
         self._open = {}
-        self.nodes = sorted({n for _, n, _ in self.changes}, key=lambda n: (str(type(n)), n))
+        self.nodes = sorted(self._ids, key=lambda n: (str(type(n)), n))
 
     def _close(self, open_: dict[Any, tuple[float, int]], node: Any, t: float) -> None:
         if node in open_:
             t0, rnd = open_.pop(node)
-            self.lanes.setdefault(node, []).append((t0, t, rnd))
+            if self._lanes_kept():
+                self.lanes.setdefault(node, []).append((t0, t, rnd))
+
+    def _in_time_order(self) -> Iterable[tuple[float, Any, int]]:
+        """The changes by time (stable: the order seen within one instant)."""
+        ids = self._ids
+        rows: Iterable[tuple[float, int, int]] = zip(self._ct, self._cn, self._cs, strict=True)
+        if not self._in_order:
+            rows = sorted(rows, key=lambda c: c[0])
+        return ((t, ids[n], st) for t, n, st in rows)
 
     def down_spans(self) -> dict[Any, list[tuple[float, float]]]:
         """node -> [(t0, t1)] while it was down or excluded."""
         spans: dict[Any, list[tuple[float, float]]] = {}
         since: dict[Any, float] = {}
-        for t, node, s in sorted(self.changes, key=lambda c: c[0]):
+        for t, node, s in self._in_time_order():
             if s == _DOWN:
                 since.setdefault(node, t)
             elif node in since:
@@ -155,7 +247,7 @@ class Timeline:
         counts = [0, 0, 0]
         times: list[float] = []
         series: list[list[int]] = [[], [], []]
-        for t, node, s in sorted(self.changes, key=lambda c: c[0]):
+        for t, node, s in self._in_time_order():
             old = state.get(node)
             if old is not None:
                 counts[old] -= 1

@@ -9,7 +9,7 @@ simultaneous events by insertion, and nodes and faults are iterated in a fixed o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -231,7 +231,8 @@ class _RunSinks:
     sinks read no worker's events pays once per group, not once per worker.  Likewise
     ``emit_parts`` and ``emit_group_parts`` (an event or a record as its parts, no
     :class:`AgentEvent` or record made) are the only sink's own when it takes parts (the
-    report: :func:`~elastic.events.parts_sink`), else ``None``."""
+    report: :func:`~elastic.events.parts_sink`), a call of each sink's when every sink
+    takes parts (the report and ``--plot``'s timeline), else ``None``."""
 
     __slots__ = ("_sinks", "_takers", "emit", "emit_group", "emit_group_parts", "emit_parts")
 
@@ -247,10 +248,40 @@ class _RunSinks:
             self.emit_group = self._takers[0] if len(self._takers) == 1 else self._group_all
         self.emit_parts: Callable[..., None] | None = None
         self.emit_group_parts: Callable[..., None] | None = None
-        sole = parts_sink(self._sinks[0]) if len(self._sinks) == 1 else None
-        if sole is not None:
-            self.emit_parts = sole.emit_parts
-            self.emit_group_parts = sole.emit_group_parts
+        parts = [parts_sink(s) for s in self._sinks]
+        if len(parts) == 1 and parts[0] is not None:
+            self.emit_parts = parts[0].emit_parts
+            self.emit_group_parts = parts[0].emit_group_parts
+        elif all(p is not None for p in parts):
+            # several sinks that all take parts (the report and --plot's timeline)
+            each = tuple(p.emit_parts for p in parts if p is not None)
+            each_group = tuple(p.emit_group_parts for p in parts if p is not None)
+
+            def emit_parts(
+                t: float,
+                node: int | str,
+                kind: str,
+                role: str,
+                rank: int | None,
+                fields: Mapping[str, Any],
+            ) -> None:
+                for take in each:
+                    take(t, node, kind, role, rank, fields)
+
+            def emit_group_parts(
+                t: float,
+                node: int | str,
+                kind: str,
+                role: str,
+                ranks: Sequence[int | None],
+                keys: tuple[str, ...],
+                fields: Mapping[str, Any],
+                columns: Mapping[str, Sequence[Any]],
+            ) -> None:
+                for take in each_group:
+                    take(t, node, kind, role, ranks, keys, fields, columns)
+
+            self.emit_parts, self.emit_group_parts = emit_parts, emit_group_parts
 
     def _emit_all(self, event: AgentEvent) -> None:
         for s in self._sinks:

@@ -137,7 +137,19 @@ def test_which_sinks_take_parts() -> None:
     assert alone.emit_group_parts == report.emit_group_parts
     # a second sink without emit_parts: events are made, and each sink gets them
     assert _RunSinks([report, ListSink()]).emit_parts is None
-    assert _RunSinks([report, _Parts()]).emit_parts is None
+    # every sink takes parts (the report and --plot's timeline): each gets the parts
+    first, second = _Parts(), _Parts()
+    both = _RunSinks([first, second])
+    assert both.emit_parts is not None and both.emit_group_parts is not None
+    both.emit_parts(1.0, 0, kinds.AGENT_START, "", None, {})
+    both.emit_group_parts(1.0, 0, kinds.WORKER_START, "", [0, 1], ("a",), {}, {"a": [1, 2]})
+    for sink in (first, second):
+        assert sink.ways == ["parts", "record parts"]
+        assert [(e.kind, e.rank, dict(e.fields)) for e in sink.events] == [
+            (kinds.AGENT_START, None, {}),
+            (kinds.WORKER_START, 0, {"a": 1}),
+            (kinds.WORKER_START, 1, {"a": 2}),
+        ]
     alone.close()
     assert alone.emit_parts is not None
     assert alone.emit_group_parts is not None

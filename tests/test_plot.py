@@ -126,3 +126,38 @@ def test_band_means_keep_each_states_node_time() -> None:
             for j in range(len(times))
         )
         assert sum(means[s]) * width == pytest.approx(exact, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "name", ["node_crash_comes_back.yaml", "membership_joins_leaves_crashes.yaml"]
+)
+def test_a_streamed_timeline_is_the_one_built_from_the_whole_log(name: str) -> None:
+    """``elastic sim --plot`` streams the run into the timeline as events' parts (no event
+    objects, a group of workers' events read once); what it gathers is what the whole
+    log gives, event by event."""
+    from sim.plot import Timeline
+
+    sc = load_scenario(ROOT / "scenarios" / name)
+    streamed = Timeline()
+    simulate(sc, sink=streamed)
+    whole = Timeline(simulate(sc, keep_events=True).events)
+    for tl in (streamed, whole):
+        tl.close()
+    assert streamed.changes == whole.changes and streamed.changes
+    assert streamed.lanes == whole.lanes and streamed.faults == whole.faults
+    assert streamed.nodes == whole.nodes and streamed.end == whole.end
+    assert (streamed.progress_t, streamed.progress_step) == (whole.progress_t, whole.progress_step)
+    assert streamed.losses.result(streamed.end) == whole.losses.result(whole.end)
+    assert streamed.losses.spans == whole.losses.spans
+
+
+def test_a_large_cluster_keeps_no_lanes_and_its_changes_compact() -> None:
+    from sim.plot import MAX_LANES, Timeline
+
+    tl = Timeline(_restarting(MAX_LANES + 1, 3, 1.0, 60.0))
+    tl.close()
+    assert tl.lanes == {}  # drawn as a band: lanes would never be read
+    assert len(tl.changes) == (MAX_LANES + 1) * (1 + 2 * 3)
+    small = Timeline(_restarting(MAX_LANES, 3, 1.0, 60.0))
+    small.close()
+    assert len(small.lanes) == MAX_LANES
