@@ -49,6 +49,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
+import psutil
 import pytest
 
 __all__ = ["BINARIES", "EtcdCluster", "etcd_binary", "etcd_cluster", "etcd_single"]
@@ -247,10 +248,13 @@ class EtcdCluster:
             log.close()
 
     def wait_ready(self, timeout: float) -> None:
-        """Wait until every live member reports healthy (which needs a leader)."""
+        """Wait until every live member reports healthy (which needs a leader) on a port
+        it listens on itself: a free port picked here can be taken by another test's
+        server before the member binds it (the member then exits), and that server's
+        answer must not pass for this member's."""
         deadline = time.monotonic() + timeout
         for i in self.alive():
-            while not self._healthy(i):
+            while not (self._healthy(i) and self._listens(i)):
                 proc = self.procs[i]
                 if proc is not None and proc.poll() is not None:
                     raise RuntimeError(f"etcd m{i} exited with {proc.returncode}: {self.log(i)}")
@@ -265,6 +269,18 @@ class EtcdCluster:
                 return bool(json.loads(r.read()).get("health") == "true")
         except (OSError, ValueError):
             return False
+
+    def _listens(self, i: int) -> bool:
+        """Whether member ``i``'s own process listens on its client port."""
+        proc = self.procs[i]
+        if proc is None:
+            return False
+        try:
+            conns = psutil.Process(proc.pid).net_connections(kind="tcp")
+        except psutil.Error:
+            return False
+        port = self.client_ports[i]
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns)
 
     def log(self, i: int) -> str:
         try:
