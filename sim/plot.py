@@ -26,7 +26,7 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from elastic.events import AgentEvent, WorkerEvents, kinds
+from elastic.events import AgentEvent, PartsTaker, WorkerEvents, kinds
 from sim.losses import LostTime
 
 __all__ = ["MAX_LANES", "Timeline", "plot_timeline"]
@@ -65,7 +65,7 @@ _LOST_COLOURS = {
 }
 
 
-class Timeline:
+class Timeline(PartsTaker):
     """What the plot needs, gathered in one pass over the events: an event sink (the
     simulator streams its log through it, ``elastic sim --plot``) or built from an
     iterable of events.  It keeps the lanes, faults, node state changes and progress
@@ -122,9 +122,6 @@ class Timeline:
     def _lanes_kept(self) -> bool:
         return len(self._ids) <= MAX_LANES
 
-    def emit(self, e: AgentEvent) -> None:
-        self.emit_parts(e.t, e.node, e.kind, e.role, e.rank, e.fields)
-
     def emit_parts(
         self,
         t: float,
@@ -168,10 +165,6 @@ class Timeline:
             # reached this step, then falls back to the last checkpoint
             self.progress_t += [t, t]
             self.progress_step += [float(f.get("steps", 0)), float(f.get("ckpt_step", 0))]
-
-    def emit_group(self, g: WorkerEvents) -> None:
-        """Exactly :meth:`emit` of each of ``g.events()``."""
-        self.emit_group_parts(g.t, g.node, g.kind, g.role, g.ranks, g.keys, g.fields, g.columns)
 
     def emit_group_parts(
         self,

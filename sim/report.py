@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from elastic.events import AgentEvent, WorkerEvents, kinds, record_fields
+from elastic.events import AgentEvent, PartsTaker, WorkerEvents, kinds, record_fields
 from sim.losses import LostTime
 
 __all__ = ["REPORT_KEYS", "ReportSink", "build_report"]
@@ -199,7 +199,7 @@ def build_report(events: Iterable[AgentEvent]) -> dict[str, Any]:
 _Handler = Callable[[float, Any, str, int | None, Mapping[str, Any]], None]
 
 
-class ReportSink:
+class ReportSink(PartsTaker):
     """:func:`build_report` as an event sink: fed each event as it happens (the simulator
     streams its log through it), it holds only what the report needs — counters, the
     recovery in progress, one entry per node and per round — never the events.
@@ -276,9 +276,6 @@ class ReportSink:
         route = self._routes[kind] = tuple(handlers)
         return route
 
-    def emit(self, e: AgentEvent) -> None:
-        self.emit_parts(e.t, e.node, e.kind, e.role, e.rank, e.fields)
-
     def emit_parts(
         self,
         t: float,
@@ -300,12 +297,6 @@ class ReportSink:
         for handler in route:
             handler(t, node, kind, rank, fields)
 
-    def emit_group(self, g: WorkerEvents) -> None:
-        """Exactly :meth:`emit` of each of ``g.events()``, in order (their time, node and
-        kind are the same): counted at once, and the parts that react to the kind fed
-        only the first event where that is all they read of a run of them."""
-        self.emit_group_parts(g.t, g.node, g.kind, g.role, g.ranks, g.keys, g.fields, g.columns)
-
     def emit_group_parts(
         self,
         t: float,
@@ -317,7 +308,9 @@ class ReportSink:
         fields: Mapping[str, Any],
         columns: Mapping[str, Sequence[Any]],
     ) -> None:
-        """:meth:`emit_group` of the record with these parts, without it."""
+        """:meth:`emit_group` of the record with these parts, without it: counted at
+        once, and the parts that react to the kind fed only the first event where that
+        is all they read of a run of them (their time, node and kind are the same)."""
         n = len(ranks)
         if not n:
             return

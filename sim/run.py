@@ -9,7 +9,7 @@ simultaneous events by insertion, and nodes and faults are iterated in a fixed o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -257,29 +257,13 @@ class _RunSinks:
             each = tuple(p.emit_parts for p in parts if p is not None)
             each_group = tuple(p.emit_group_parts for p in parts if p is not None)
 
-            def emit_parts(
-                t: float,
-                node: int | str,
-                kind: str,
-                role: str,
-                rank: int | None,
-                fields: Mapping[str, Any],
-            ) -> None:
+            def emit_parts(*event: Any) -> None:
                 for take in each:
-                    take(t, node, kind, role, rank, fields)
+                    take(*event)
 
-            def emit_group_parts(
-                t: float,
-                node: int | str,
-                kind: str,
-                role: str,
-                ranks: Sequence[int | None],
-                keys: tuple[str, ...],
-                fields: Mapping[str, Any],
-                columns: Mapping[str, Sequence[Any]],
-            ) -> None:
+            def emit_group_parts(*record: Any) -> None:
                 for take in each_group:
-                    take(t, node, kind, role, ranks, keys, fields, columns)
+                    take(*record)
 
             self.emit_parts, self.emit_group_parts = emit_parts, emit_group_parts
 

@@ -66,6 +66,7 @@ __all__ = [
     "NodeState",
     "NullSink",
     "PartsSink",
+    "PartsTaker",
     "RdzvEvent",
     "StreamSink",
     "FanOutSink",
@@ -366,6 +367,23 @@ class PartsSink(GroupSink, Protocol):
         fields: Mapping[str, Any],
         columns: Mapping[str, Sequence[Any]],
     ) -> None: ...
+
+
+class PartsTaker:
+    """A base for a sink that takes parts: its ``emit`` and ``emit_group`` hand the event
+    or record over as its parts, to the subclass's ``emit_parts`` and
+    ``emit_group_parts``."""
+
+    __slots__ = ()
+
+    def emit(self, e: AgentEvent) -> None:
+        self.emit_parts(e.t, e.node, e.kind, e.role, e.rank, e.fields)  # type: ignore[attr-defined]
+
+    def emit_group(self, g: WorkerEvents) -> None:
+        """Exactly :meth:`emit` of each of ``g.events()``, as the record's parts."""
+        self.emit_group_parts(  # type: ignore[attr-defined]
+            g.t, g.node, g.kind, g.role, g.ranks, g.keys, g.fields, g.columns
+        )
 
 
 _PARTS = ("emit_group", "emit_parts", "emit_group_parts")
