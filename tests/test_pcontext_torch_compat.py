@@ -264,6 +264,77 @@ def test_a_binary_that_succeeded_before_the_failure_is_not_a_failure(tmp_path: P
     assert result is not None and set(result.failures) == {1}
 
 
+def test_a_peer_that_ends_on_its_own_before_the_next_look_is_not_stopped(
+    tmp_path: Path,
+) -> None:
+    # rank 0 fails once the wait has begun (torch's first look, which would find a
+    # failure at once); rank 1 ends well 0.3 s later, before torch's next look at period
+    # 2 s would find the failure: it is its own exit, not a SIGTERM
+    pc = start_processes(
+        "race",
+        "/bin/sh",
+        {0: ("-c", "sleep 0.2; exit 3"), 1: ("-c", "sleep 0.5")},
+        envs(2),
+        DefaultLogsSpecs(str(tmp_path)),
+    )
+    t0 = time.monotonic()
+    result = pc.wait(period=2)
+    took = time.monotonic() - t0
+    assert result is not None and set(result.failures) == {0}
+    assert result.failures[0].exitcode == 3
+    assert took < 1.5  # every process ended: nothing left to wait for, no look to wait for
+
+
+def test_a_failure_is_acted_on_at_the_next_look_of_the_period(tmp_path: Path) -> None:
+    pc = start_processes(
+        "look",
+        "/bin/sh",
+        {0: ("-c", "sleep 0.2; exit 3"), 1: ("-c", "sleep 60")},
+        envs(2),
+        DefaultLogsSpecs(str(tmp_path)),
+    )
+    t0 = time.monotonic()
+    result = pc.wait(period=1.5)
+    took = time.monotonic() - t0
+    assert result is not None and set(result.failures) == {0, 1}
+    assert result.failures[1].exitcode == -15
+    assert 1.4 <= took < 4  # the look at 1.5 s, not at once and not a later one
+
+
+def test_a_timeout_before_the_next_look_gives_none_and_the_next_wait_acts(
+    tmp_path: Path,
+) -> None:
+    pc = start_processes(
+        "late",
+        "/bin/sh",
+        {0: ("-c", "sleep 0.3; exit 3"), 1: ("-c", "sleep 60")},
+        envs(2),
+        DefaultLogsSpecs(str(tmp_path)),
+    )
+    pids = pc.pids()
+    assert pc.wait(timeout=1.0, period=30) is None  # torch's loop ends before its next look
+    assert psutil.pid_exists(pids[1]) and psutil.Process(pids[1]).status() != "zombie"
+    t0 = time.monotonic()
+    result = pc.wait(timeout=0)  # the failure seen earlier: acted on at this first look
+    assert time.monotonic() - t0 < 5
+    assert result is not None and set(result.failures) == {0, 1}
+    assert all_gone(pids)
+
+
+def test_a_run_that_succeeds_returns_when_the_last_process_ends(tmp_path: Path) -> None:
+    pc = start_processes(
+        "ok",
+        "/bin/sh",
+        {r: ("-c", "sleep 0.2") for r in range(2)},
+        envs(2),
+        DefaultLogsSpecs(str(tmp_path)),
+    )
+    t0 = time.monotonic()
+    result = pc.wait(period=30)
+    assert result is not None and not result.is_failed()
+    assert time.monotonic() - t0 < 5
+
+
 def test_a_function_run_reports_the_failure_it_saw_as_torch_does(tmp_path: Path) -> None:
     pc = start_processes(
         "fn", fail_or_sleep, {0: (0,), 1: (1,)}, envs(2), DefaultLogsSpecs(str(tmp_path))

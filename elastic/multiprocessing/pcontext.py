@@ -30,9 +30,13 @@ Differences from torch, on purpose:
   tensors, see :mod:`elastic.real._fn_runner`), never pickled; a return value that
   cannot be sent back fails its rank.  ``start_method`` may be ``spawn`` or ``fork``
   (fork still runs the function in a fresh child), ``forkserver`` is spawn;
-* :meth:`PContext.wait` is woken by the kernel when a process exits; ``period`` is
-  accepted and unused (torch sleeps ``period`` between polls); the filtered files are
-  written as the tee reads the pipes, not by polling threads (``_tail_logs`` is empty);
+* :meth:`PContext.wait` is woken by the kernel when a process exits, it does not poll;
+  the filtered files are written as the tee reads the pipes, not by polling threads
+  (``_tail_logs`` is empty).  ``period`` keeps the meaning torch's polling gives it: a
+  failure is acted on at the first multiple of ``period`` (counted from the start of
+  the ``wait``) after it, as torch's next look would find it, so a peer that ends on
+  its own before then is reported with its own exit, not as stopped; a run whose
+  processes all succeed returns as soon as the last one exits;
 * :meth:`PContext.close` holds the handled signals while it stops the processes and
   raises the first afterwards, and the last context to close puts back the handlers
   that were there before its start (torch leaves its handler installed);
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 import threading
@@ -312,7 +317,9 @@ class PContext:
         ``timeout < 0`` waits for as long as it takes; ``timeout == 0`` looks once.
         When a process fails, the others are stopped (SIGTERM, then SIGKILL after 30 s)
         and the result carries the failures (see the module for which).  With a result
-        the context is closed, as torch's.  ``period`` is unused (see the module).
+        the context is closed, as torch's.  A failure is acted on at the next multiple of
+        ``period`` after it, where torch's polling would see it (see the module); if the
+        timeout ends first, ``None``, and the next ``wait`` acts on it at once.
         A handled signal raises :class:`~elastic.multiprocessing.api.SignalException`
         here; the processes are then still running until :meth:`close`.
         """
@@ -320,8 +327,9 @@ class PContext:
             return self._result
         if self._group is None or self._loop is None:
             raise RuntimeError(f"{type(self).__name__}.start() has not been called")
-        deadline = None if timeout < 0 else time.monotonic() + timeout
-        if not self._run(self._collect(deadline)):
+        start = time.monotonic()
+        deadline = None if timeout < 0 else start + timeout
+        if not self._run(self._collect(deadline, start, period if timeout != 0 else 0.0)):
             return None
         with _signals_held():
             self._seen_failed = {r for r, ex in self._exits.items() if ex.failed}
@@ -331,24 +339,41 @@ class PContext:
             self.close()
         return self._result
 
-    async def _collect(self, deadline: float | None) -> bool:
+    async def _collect(self, deadline: float | None, start: float, period: float) -> bool:
+        """Record exits until every process exited or, after a failure, until the next
+        look of torch's polling (``start`` + k x ``period``); False if ``deadline``
+        comes first (the exits seen stay recorded for the next call)."""
         group = self._group
         assert group is not None
-        while len(self._exits) < self.nprocs and not any(e.failed for e in self._exits.values()):
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        look: float | None = None  # when this wait acts on a failure seen
+        if any(e.failed for e in self._exits.values()):
+            look = start  # seen before this wait: torch's first look finds it
+        while len(self._exits) < self.nprocs:
+            now = time.monotonic()
+            if look is not None and now >= look:
+                return True
+            until = deadline if look is None else look
+            if deadline is not None and until is not None and deadline < until:
+                until = deadline
+            left = None if until is None else max(0.0, until - now)
             if left == 0:
+                if look is not None and deadline is not None and deadline < look:
+                    return False  # torch's loop ends before its next look
                 # wait(0), torch's one look (its agent's _monitor_workers): the loop runs
                 # only inside wait(), so it gets to look at the pidfds once first
-                now = await _exit_now(group)
-                if now is None:
-                    return False
-                ex = now
+                ex = await _exit_now(group)
+                if ex is None:
+                    return look is not None
             else:
                 try:
                     ex = await asyncio.wait_for(group.next_exit(), left)
                 except TimeoutError:
-                    return False
+                    if look is None or (deadline is not None and deadline < look):
+                        return False
+                    return True
             self._exits[ex.local_rank] = ex
+            if ex.failed and look is None:
+                look = _next_look(start, period, ex.time)
         return True
 
     async def _stop_and_drain(self, group: ProcessGroup) -> None:
@@ -568,6 +593,13 @@ class _FilteringConsole(_Console):
             if any(needle in text for needle in self._needles):
                 self._out.write(f"{self._header}{text}\n")
         return n
+
+
+def _next_look(start: float, period: float, seen: float) -> float:
+    """The first of torch's looks (``start``, then every ``period``) at or after ``seen``."""
+    if period <= 0 or seen <= start:
+        return seen
+    return start + math.ceil((seen - start) / period) * period
 
 
 async def _exit_now(group: ProcessGroup) -> WorkerExit | None:
