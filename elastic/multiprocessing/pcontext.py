@@ -345,32 +345,34 @@ class PContext:
         comes first (the exits seen stay recorded for the next call)."""
         group = self._group
         assert group is not None
-        look: float | None = None  # when this wait acts on a failure seen
-        if any(e.failed for e in self._exits.values()):
-            look = start  # seen before this wait: torch's first look finds it
+        # when this wait acts on a failure: at once for one seen before it (torch's
+        # first look finds it), else at the look after it
+        failed = any(e.failed for e in self._exits.values())
+        look: float | None = start if failed else None
         while len(self._exits) < self.nprocs:
-            now = time.monotonic()
-            if look is not None and now >= look:
-                return True
-            until = deadline if look is None else look
-            if deadline is not None and until is not None and deadline < until:
-                until = deadline
-            left = None if until is None else max(0.0, until - now)
-            if left == 0:
-                if look is not None and deadline is not None and deadline < look:
-                    return False  # torch's loop ends before its next look
+            if look is None:
+                end, acts = deadline, False
+            elif deadline is not None and deadline < look:
+                end, acts = deadline, False  # torch's loop ends before its next look
+            else:
+                end, acts = look, True
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                if look is not None:
+                    return acts
                 # wait(0), torch's one look (its agent's _monitor_workers): the loop runs
                 # only inside wait(), so it gets to look at the pidfds once first
                 ex = await _exit_now(group)
                 if ex is None:
-                    return look is not None
-            else:
-                try:
-                    ex = await asyncio.wait_for(group.next_exit(), left)
-                except TimeoutError:
-                    if look is None or (deadline is not None and deadline < look):
-                        return False
-                    return True
+                    return False
+                self._exits[ex.local_rank] = ex
+                if ex.failed:
+                    return True  # found by this look
+                continue
+            try:
+                ex = await asyncio.wait_for(group.next_exit(), left)
+            except TimeoutError:
+                return acts
             self._exits[ex.local_rank] = ex
             if ex.failed and look is None:
                 look = _next_look(start, period, ex.time)
