@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,26 @@ def test_a_client_without_a_server_times_out() -> None:
     with pytest.raises(TimeoutError) as info:
         create_c10d_store(False, "localhost", port, world_size=2, timeout=1)
     assert isinstance(info.value, RuntimeError)
+
+
+@pytest.mark.timeout(60)
+def test_a_client_to_a_socket_that_never_answers_keeps_to_its_timeout() -> None:
+    # torch 2.13's own client waits for ever here (its timeout does not cover it)
+    pytest.importorskip("torch.distributed")
+    sock = get_socket_with_port()  # listening, never accepting: not a TCPStore
+    port = sock.getsockname()[1]
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match=f"no TCPStore answered at localhost:{port}"):
+            create_c10d_store(False, "localhost", port, timeout=1)
+        assert time.monotonic() - t0 < 20  # 2 x 1 s + 5 s, and a loaded machine
+    finally:
+        sock.close()
+    # the client's thread ends once the other side closes: nothing is left behind
+    deadline = time.monotonic() + 20
+    while any(t.name.startswith("tcpstore-client") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the client's thread outlived the socket"
+        time.sleep(0.05)
 
 
 @pytest.mark.timeout(60)

@@ -15,14 +15,24 @@ it raises, as torch 2.13 does:
   ``retries`` attempts in all; then, or at once for a port given, an error of torch's
   type that is also an ``OSError`` (as torch's tests expect), saying
   ``on <addr>, port: <port> already in use``.
+
+Unlike torch 2.13, a client keeps to ``timeout`` when something at the address accepts
+the connection and never answers (a listening socket that is not a TCPStore: torch's
+client then waits for ever, whatever its timeout).  The client is made in a thread of its
+own; if it is neither made nor failed by ``2 x timeout + 5`` seconds (torch's client
+tries twice, each for up to ``timeout``, and raises its own error well before then),
+:class:`TimeoutError` is raised, saying so, and the thread is left to end when the other
+side closes the connection (it holds nothing of the caller's).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from elastic.utils.api import get_socket_with_port
 from elastic.utils.store import barrier
@@ -30,6 +40,8 @@ from elastic.utils.store import barrier
 __all__ = ["create_c10d_store", "get_free_port", "get_socket_with_port"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: the barrier every member passes once the store is up (torch's key prefix)
 _MEMBERS_KEY_PREFIX = "_tcp_store/num_members"
@@ -91,6 +103,38 @@ def _also(err: BaseException, builtin: type[OSError], suffix: str, message: str)
     return cls(message)
 
 
+#: how long past twice its ``timeout`` a client is given to raise torch's own error
+_CLIENT_GRACE = 5.0
+
+
+def _within(make: Callable[[], _T], timeout: float, where: str) -> _T:
+    """``make()`` (a TCPStore client), or :class:`TimeoutError` once twice ``timeout``
+    and :data:`_CLIENT_GRACE` have passed without it (see the module docstring)."""
+    made: list[_T] = []
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            made.append(make())
+        except BaseException as e:  # handed to the caller below
+            failed.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"tcpstore-client {where}", daemon=True).start()
+    limit = 2 * timeout + _CLIENT_GRACE
+    if not done.wait(limit):
+        raise TimeoutError(
+            f"no TCPStore answered at {where} in {limit:g}s (twice the timeout of "
+            f"{timeout:g}s and {_CLIENT_GRACE:g}s): something there accepted the connection "
+            f"and did not answer (not a TCPStore, or stuck)"
+        )
+    if failed:
+        raise failed[0]
+    return made[0]
+
+
 def create_c10d_store(
     is_server: bool,
     server_addr: str,
@@ -133,8 +177,9 @@ def create_c10d_store(
             timeout,
             libuv,
         )
-        try:
-            store = dist.TCPStore(
+
+        def make(port: int = port) -> Any:
+            return dist.TCPStore(
                 host_name=server_addr,
                 port=port,
                 world_size=world_size,
@@ -143,6 +188,9 @@ def create_c10d_store(
                 wait_for_workers=wait_for_workers,
                 use_libuv=libuv,
             )
+
+        try:
+            store = make() if is_server else _within(make, timeout, f"{server_addr}:{port}")
         except RuntimeError as e:
             if _address_in_use(e):
                 if server_port == -1 and attempt < retries:
