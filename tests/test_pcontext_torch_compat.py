@@ -268,28 +268,28 @@ def test_a_peer_that_ends_on_its_own_before_the_next_look_is_not_stopped(
     tmp_path: Path,
 ) -> None:
     # rank 0 fails once the wait has begun (torch's first look, which would find a
-    # failure at once); rank 1 ends well 0.3 s later, before torch's next look at period
-    # 2 s would find the failure: it is its own exit, not a SIGTERM
+    # failure at once); rank 1 ends 0.5 s later, well before torch's next look at period
+    # 3 s would find the failure: it is its own exit, not a SIGTERM
     pc = start_processes(
         "race",
         "/bin/sh",
-        {0: ("-c", "sleep 0.2; exit 3"), 1: ("-c", "sleep 0.5")},
+        {0: ("-c", "sleep 0.5; exit 3"), 1: ("-c", "sleep 1")},
         envs(2),
         DefaultLogsSpecs(str(tmp_path)),
     )
     t0 = time.monotonic()
-    result = pc.wait(period=2)
+    result = pc.wait(period=3)
     took = time.monotonic() - t0
     assert result is not None and set(result.failures) == {0}
     assert result.failures[0].exitcode == 3
-    assert took < 1.5  # every process ended: nothing left to wait for, no look to wait for
+    assert took < 2.5  # every process ended: nothing left to wait for, no look to wait for
 
 
 def test_a_failure_is_acted_on_at_the_next_look_of_the_period(tmp_path: Path) -> None:
     pc = start_processes(
         "look",
         "/bin/sh",
-        {0: ("-c", "sleep 0.2; exit 3"), 1: ("-c", "sleep 60")},
+        {0: ("-c", "sleep 0.5; exit 3"), 1: ("-c", "sleep 60")},
         envs(2),
         DefaultLogsSpecs(str(tmp_path)),
     )
@@ -307,12 +307,12 @@ def test_a_timeout_before_the_next_look_gives_none_and_the_next_wait_acts(
     pc = start_processes(
         "late",
         "/bin/sh",
-        {0: ("-c", "sleep 0.3; exit 3"), 1: ("-c", "sleep 60")},
+        {0: ("-c", "sleep 0.5; exit 3"), 1: ("-c", "sleep 60")},
         envs(2),
         DefaultLogsSpecs(str(tmp_path)),
     )
     pids = pc.pids()
-    assert pc.wait(timeout=1.0, period=30) is None  # torch's loop ends before its next look
+    assert pc.wait(timeout=1.5, period=30) is None  # torch's loop ends before its next look
     assert psutil.pid_exists(pids[1]) and psutil.Process(pids[1]).status() != "zombie"
     t0 = time.monotonic()
     result = pc.wait(timeout=0)  # the failure seen earlier: acted on at this first look
