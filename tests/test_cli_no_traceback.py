@@ -261,6 +261,13 @@ def test_a_closed_output_pipe_ends_quietly() -> None:
     assert err == ""
 
 
+def _default_sigint() -> None:
+    """In the child: Ctrl-C's default action, whatever this suite inherited (a shell
+    starts background jobs with SIGINT ignored, and a Python started so keeps ignoring
+    it, as it should)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.timeout(120)
 def test_ctrl_c_during_a_long_run_prints_one_line_and_exits_130() -> None:
     p = subprocess.Popen(
@@ -269,6 +276,7 @@ def test_ctrl_c_during_a_long_run_prints_one_line_and_exits_130() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,
     )
     time.sleep(2.0)  # well into the simulation
     p.send_signal(signal.SIGINT)
@@ -298,7 +306,12 @@ def command(argv):
 sys.exit(_guarded("sim", command, []))
 """
     p = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, cwd=ROOT
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=ROOT,
+        preexec_fn=_default_sigint,
     )
     assert p.returncode == 130, p.stderr
     assert p.stderr.strip() == "elastic sim: interrupted" and p.stdout == ""
