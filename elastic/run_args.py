@@ -797,10 +797,15 @@ def config_from_args(
     extra_env: dict[str, str] = {}
     if "OMP_NUM_THREADS" not in env and nproc > 1:
         extra_env["OMP_NUM_THREADS"] = "1"
+        # torch's words and banner, so that what people grep their logs for is there
         logger.warning(
-            "Setting OMP_NUM_THREADS environment variable for each process to be 1 in "
-            "default, to avoid your system being overloaded, please further tune the "
-            "variable for optimal performance in your application as needed."
+            "\n*****************************************\n"
+            "Setting OMP_NUM_THREADS environment variable for each process to be "
+            "%s in default, to avoid your system being overloaded, "
+            "please further tune the variable for optimal performance in "
+            "your application as needed. \n"
+            "*****************************************",
+            extra_env["OMP_NUM_THREADS"],
         )
 
     try:

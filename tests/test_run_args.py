@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -288,6 +289,24 @@ def test_nproc_per_node_gpu_uses_nvml_through_elastic_gpu(
 def test_bad_nproc_per_node_is_refused(bad: str) -> None:
     e = config_error([f"--nproc-per-node={bad}", "x.py"])
     assert e.where == "--nproc-per-node" and "expected" in e.message
+
+
+def test_omp_num_threads_warning_is_torchs_own_banner(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="elastic.run_args")
+    cfg(["--nproc-per-node", "2", "x.py"])
+    (text,) = [r.getMessage() for r in caplog.records if "OMP_NUM_THREADS" in r.getMessage()]
+    stars = "*" * 41
+    assert text.split("\n") == [
+        "",
+        stars,
+        "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, "
+        "to avoid your system being overloaded, please further tune the variable for "
+        "optimal performance in your application as needed. ",
+        stars,
+    ]
+    caplog.clear()
+    cfg(["--nproc-per-node", "2", "x.py"], environ={"OMP_NUM_THREADS": "4"})
+    assert not [r for r in caplog.records if "OMP_NUM_THREADS" in r.getMessage()]
 
 
 def test_omp_num_threads_is_returned_not_set_in_os_environ() -> None:
