@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from unittest.mock import Mock
 
@@ -26,6 +27,13 @@ __all__ = ["tag"]
 def square_of_rank(offset: int) -> dict[str, int]:
     rank = int(os.environ["RANK"])
     return {"rank": rank, "value": rank * rank + offset}
+
+
+def rank_zero_last() -> int:
+    rank = int(os.environ["RANK"])
+    if rank == 0:
+        time.sleep(1.0)  # the others end first
+    return rank
 
 
 def fail_on_rank_one() -> None:
@@ -57,6 +65,14 @@ def tagged(tag: str, monkeypatch: pytest.MonkeyPatch) -> str:
 def test_function_entrypoint_returns_values_by_global_rank(tmp_path: Path, tagged: str) -> None:
     values = elastic_launch(_config(tmp_path), square_of_rank)(10)
     assert values == {0: {"rank": 0, "value": 10}, 1: {"rank": 1, "value": 11}}
+
+
+@pytest.mark.timeout(60)
+def test_return_values_come_in_rank_order_whatever_order_the_workers_end_in(
+    tmp_path: Path, tagged: str
+) -> None:
+    values = elastic_launch(_config(tmp_path, n=3), rank_zero_last)()
+    assert list(values.items()) == [(0, 0), (1, 1), (2, 2)]  # programs iterate over them
 
 
 @pytest.mark.timeout(60)

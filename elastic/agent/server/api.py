@@ -789,11 +789,14 @@ class SimpleElasticAgent(ElasticAgent):
 
     @staticmethod
     def _succeeded(wg: WorkerGroup, outcome: Outcome) -> RunResult:
-        by_local = {w.local_rank: w for w in wg.workers}
+        """The return values by global rank, in rank order (as torch's, whatever order
+        the workers ended in: programs iterate over them)."""
+        values = {ex.local_rank: ex.return_value for ex in outcome.exits}
+        ranked = sorted(wg.workers, key=lambda w: w.global_rank)
         return RunResult(
             state=WorkerState.SUCCEEDED,
             return_values={
-                by_local[ex.local_rank].global_rank: ex.return_value for ex in outcome.exits
+                w.global_rank: values[w.local_rank] for w in ranked if w.local_rank in values
             },
         )
 
