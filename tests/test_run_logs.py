@@ -16,7 +16,15 @@ TALK = """
     rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
     sys.stdout.write(f"out {rank} {attempt}\\n")
     sys.stderr.write(f"err {rank} {attempt}\\n")
+    if os.environ.get("CRASH") and rank == "0" and attempt == "0":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        open(os.path.join(os.environ["CRASH"], "rank0_spoke"), "w").close()
     if os.environ.get("CRASH") and rank == "1" and attempt == "0":
+        # rank 0 must have spoken before this attempt fails and stops it
+        import time
+        while not os.path.exists(os.path.join(os.environ["CRASH"], "rank0_spoke")):
+            time.sleep(0.01)
         from elastic.multiprocessing.errors import record
         record(lambda: 1 / 0)()
 """
@@ -35,7 +43,7 @@ def test_redirects_write_torchs_layout_and_keep_failed_attempts(tmp_path: Path, 
     p = elastic_run(
         ["--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", str(logs), "-r", "3", train],
         tag,
-        CRASH="1",
+        CRASH=str(tmp_path),
     )
     assert p.returncode == 0, p.stderr
     run_dir = _run_dir(logs)

@@ -176,7 +176,10 @@ TREE = """
     os.rename(os.path.join(out, f"pids.{rank}.{attempt}.tmp"),
               os.path.join(out, f"pids.{rank}.{attempt}"))
     if rank == "1" and attempt == "0":
-        time.sleep(0.5)
+        # rank 0's tree must be there (and written down) before this attempt fails
+        while not os.path.exists(os.path.join(out, "pids.0.0")):
+            time.sleep(0.01)
+        time.sleep(0.2)
         raise SystemExit(7)
     time.sleep(300)
 """
@@ -218,9 +221,15 @@ KILL_ZYGOTE = """
     import json, os, sys
     out, rank = os.environ["OUT_DIR"], os.environ["RANK"]
     attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
-    with open(os.path.join(out, f"warm.{rank}.{attempt}"), "w") as f:
+    name = os.path.join(out, f"warm.{rank}.{attempt}")
+    with open(name + ".tmp", "w") as f:
         json.dump("email.mime.text" in sys.modules, f)
+    os.rename(name + ".tmp", name)
     if attempt == "0" and rank == "1":
+        # rank 0 must have written its file before this attempt fails and stops it
+        import time
+        while not os.path.exists(os.path.join(out, "warm.0.0")):
+            time.sleep(0.01)
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
