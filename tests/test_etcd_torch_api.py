@@ -253,3 +253,38 @@ def test_find_free_port_with_no_usable_address_raises_runtime_error(
     monkeypatch.setattr(socket, "socket", broken)
     with pytest.raises(RuntimeError, match="Failed to create a socket"):
         find_free_port()
+
+
+def test_stop_etcd_terminates_a_process_started_by_hand_and_removes_its_data(
+    tmp_path: Path,
+) -> None:
+    from elastic.rendezvous.etcd_server import stop_etcd
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "member").write_text("x")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stop_etcd(proc, str(data))
+        assert proc.poll() is not None  # terminated and waited for: no zombie left
+        assert not data.exists()
+        stop_etcd(proc)  # an ended process and no directory: nothing to do
+        stop_etcd(None, str(tmp_path / "never-made"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_torchs_etcd_v2_helper_names_import_and_behave() -> None:
+    from elastic.rendezvous.etcd_rendezvous import (
+        EtcdRendezvousRetryableFailure,
+        EtcdRendezvousRetryImmediately,
+    )
+    from elastic.rendezvous.etcd_store import cas_delay
+
+    assert issubclass(EtcdRendezvousRetryableFailure, Exception)
+    assert issubclass(EtcdRendezvousRetryImmediately, Exception)
+    t0 = time.monotonic()
+    cas_delay()
+    assert time.monotonic() - t0 < 0.1 + 0.5

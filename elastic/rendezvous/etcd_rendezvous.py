@@ -22,11 +22,29 @@ from elastic.rendezvous.dynamic_rendezvous import (
 from elastic.rendezvous.prefix_store import PrefixStore
 from elastic.store import Store
 
-__all__ = ["EtcdRendezvous", "EtcdRendezvousHandler", "create_rdzv_handler"]
+__all__ = [
+    "EtcdRendezvous",
+    "EtcdRendezvousHandler",
+    "EtcdRendezvousRetryImmediately",
+    "EtcdRendezvousRetryableFailure",
+    "create_rdzv_handler",
+]
 
 _DEFAULT_TIMEOUT = 600  # 10 minutes
 _DEFAULT_LAST_CALL_TIMEOUT = 30  # 30 seconds
 _DEFAULT_PREFIX = "/torchelastic/p2p"
+
+
+class EtcdRendezvousRetryableFailure(Exception):
+    """torch's: a step of its etcd v2 protocol that may be retried after a pause.
+
+    Ours runs the dynamic rendezvous, which retries inside the handler and never raises
+    this; the name is here for programs that import or catch it."""
+
+
+class EtcdRendezvousRetryImmediately(Exception):
+    """torch's: a step of its etcd v2 protocol to retry at once (never raised by ours,
+    as :class:`EtcdRendezvousRetryableFailure`)."""
 
 
 class EtcdRendezvous:
