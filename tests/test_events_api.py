@@ -102,3 +102,99 @@ def test_construct_and_record_rdzv_event_records_torchs_fields(
         failed["name"] == "test_events_api.py:step"
         and "RuntimeError: boom" in (failed["error_trace"])
     )
+
+
+TORCH_KEYS = [
+    "run_id",
+    "global_rank",
+    "group_rank",
+    "worker_id",
+    "role",
+    "hostname",
+    "state",
+    "total_run_time",
+    "rdzv_backend",
+    "raw_error",
+    "metadata",
+    "agent_restarts",
+    "duration_ms",
+]
+
+
+def test_the_record_sink_gives_torchs_names_keys_and_inner_metadata(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+    import logging
+
+    from elastic.events import AgentEvent, handlers, kinds
+
+    class Keep(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
+
+    keep = Keep()
+    monkeypatch.setitem(handlers._log_handlers, "keep", keep)
+    monkeypatch.setattr("elastic.events.api._events_loggers", {})
+    sink = api.RecordSink("keep", "job", "c10d", "host-a", "python")
+
+    def ev(kind: str, rank: int | None = None, **fields: object) -> None:
+        sink.emit(AgentEvent(1.5, "n0", kind, "trainer", rank, fields))
+
+    def start(rank: int, pid: int) -> None:
+        ev(kinds.WORKER_START, rank, local_rank=rank, role_rank=rank, worker_pid=pid,
+           world_size=2, group_rank=0, attempt=0)  # fmt: skip
+
+    ev(kinds.AGENT_START, max_restarts=3)
+    ev(kinds.RENDEZVOUS, duration_ms=5.0, round=0, group_rank=0, group_world_size=1)
+    ev(kinds.ASSIGN_WORKER_RANKS, duration_ms=0.1, group_rank=0, world_size=2)
+    start(0, 100)
+    start(1, 101)
+    ev(kinds.WORKER_FAILED, 1, local_rank=1, exit_code=3, worker_pid=101, attempt=0)
+    ev(kinds.AGENT_RESTART, reason="failure", remaining_restarts=2)
+    ev(kinds.WORKER_TERMINATED, 0, local_rank=0, exit_code=-15, attempt=0)
+    ev(kinds.AGENT_GROUP_STOPPED, reason="failure", attempt=0)  # ours: not recorded
+    ev(kinds.RENDEZVOUS, duration_ms=2.0, round=1, group_rank=0, group_world_size=1)
+
+    recorded = [json.loads(line) for line in keep.lines]
+    names = [(e["name"], e["source"]) for e in recorded]
+    assert names == [
+        ("torchelastic.worker.status.RENDEZVOUS", "AGENT"),
+        ("torchelastic.worker.status.ASSIGN_WORKER_RANKS", "AGENT"),
+        ("torchelastic.worker.status.START", "WORKER"),
+        ("torchelastic.worker.status.START", "WORKER"),
+        ("torchelastic.worker.status.FAILED", "WORKER"),
+        ("torchelastic.worker.status.TERMINATED", "WORKER"),
+        ("torchelastic.worker.status.RENDEZVOUS", "AGENT"),
+    ]
+    assert all(list(e["metadata"]) == TORCH_KEYS for e in recorded)
+    assert {e["timestamp"] for e in recorded} == {0}
+    md = [e["metadata"] for e in recorded]
+    # the first round's events carry no group yet; the second round's the first's
+    assert [m["group_rank"] for m in md] == [None, None, 0, 0, 0, 0, 0]
+    assert json.loads(md[0]["metadata"]) == {"group_world_size": None, "entry_point": "python"}
+    assert md[0]["state"] == "RENDEZVOUS" and md[0]["duration_ms"] == 5.0
+    assert json.loads(md[6]["metadata"]) == {"group_world_size": 1, "entry_point": "python"}
+    # a worker: torch's one-element lists; exit code and pid only for a failure
+    assert json.loads(md[4]["metadata"]) == {
+        "group_world_size": 1,
+        "entry_point": "python",
+        "local_rank": [1],
+        "role_rank": [1],
+        "role_world_size": [2],
+        "exit_code": [3],
+        "worker_pid": [101],
+    }
+    assert json.loads(md[5]["metadata"])["exit_code"] == [None]
+    assert [m["worker_id"] for m in md] == [None, None, "100", "101", "101", "100", None]
+    assert [m["global_rank"] for m in md] == [None, None, 0, 1, 1, 0, None]
+    # max_restarts less the restarts left, from the restart on
+    assert [m["agent_restarts"] for m in md] == [0, 0, 0, 0, 0, 1, 1]
+    assert {(m["run_id"], m["hostname"], m["rdzv_backend"], m["role"]) for m in md} == {
+        ("job", "host-a", "c10d", "trainer")
+    }
+    assert {(m["total_run_time"], m["raw_error"]) for m in md} == {(0, None)}

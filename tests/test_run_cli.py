@@ -406,7 +406,10 @@ def test_event_log_handler_console_records_torchs_events_on_stderr(
     names = [(e["name"], e["source"]) for e in recorded]
     assert names.count(("torchelastic.worker.status.START", "WORKER")) == 2
     assert names.count(("torchelastic.worker.status.SUCCEEDED", "WORKER")) == 2
-    assert ("RENDEZVOUS", "AGENT") in names and ("ASSIGN_WORKER_RANKS", "AGENT") in names
+    assert names[:2] == [
+        ("torchelastic.worker.status.RENDEZVOUS", "AGENT"),
+        ("torchelastic.worker.status.ASSIGN_WORKER_RANKS", "AGENT"),
+    ]
     done = [
         e
         for e in recorded
@@ -414,6 +417,7 @@ def test_event_log_handler_console_records_torchs_events_on_stderr(
     ]
     assert sorted(e["metadata"]["global_rank"] for e in done) == [0, 1]
     assert {e["metadata"]["state"] for e in done} == {"SUCCEEDED"}
+    assert {json.loads(e["metadata"]["metadata"])["entry_point"] for e in done} == {Path(PY).name}
     # and, last, the agent's own status, as torch's launch_agent records it
     assert names[-1] == ("torchelastic.worker.status.SUCCEEDED", "AGENT")
     assert recorded[-1]["metadata"]["raw_error"] is None

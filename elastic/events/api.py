@@ -201,43 +201,111 @@ class RecordSink:
 
     torch records the per-worker status events (``torchelastic.worker.status.<STATE>``,
     source WORKER) and the agent's ``RENDEZVOUS`` and ``ASSIGN_WORKER_RANKS`` (source
-    AGENT) through ``events.record(event, spec.event_log_handler)``; so does this sink,
-    with torch's metadata keys where the agent's event has the value.  Other kinds are
-    ours and are not recorded.  An unknown destination raises :class:`KeyError`, as
-    torch's ``get_logging_handler`` does.
+    AGENT, named ``torchelastic.worker.status.RENDEZVOUS`` and so on, as torch's
+    ``_construct_event`` names them) through ``events.record(event,
+    spec.event_log_handler)``; so does this sink, in torch's shape: the same metadata
+    keys in the same order, the inner ``metadata`` JSON with ``group_world_size`` and
+    ``entry_point`` (and, for a worker, ``local_rank``, ``role_rank``,
+    ``role_world_size``, ``exit_code`` and ``worker_pid`` as one-element lists, as
+    torch's are), ``agent_restarts`` as ``max_restarts`` less the restarts left,
+    ``total_run_time`` 0 and ``timestamp`` 0 (what torch's records carry during a run).
+    An agent event carries the group rank and size from before its round, as torch's
+    (recorded before the round's result is applied).
+
+    Differences, on purpose: torch records worker events only when a run ends (its
+    ``_record_worker_events``); this sink records each as it happens (a worker's start,
+    and every attempt's failures and stops, not only the last); ``raw_error`` is
+    ``None`` (the agent's events do not carry the worker's error file, which the final
+    report reads).  Other kinds are ours and are not recorded.  An unknown destination
+    raises :class:`KeyError`, as torch's ``get_logging_handler`` does.
     """
 
     _WORKER = kinds.WORKER_STATUS
     _AGENT = frozenset({kinds.RENDEZVOUS, kinds.ASSIGN_WORKER_RANKS})
 
-    def __init__(self, destination: str, run_id: str, rdzv_backend: str, hostname: str) -> None:
+    def __init__(
+        self,
+        destination: str,
+        run_id: str,
+        rdzv_backend: str,
+        hostname: str,
+        entry_point: str | None = None,
+    ) -> None:
         _log_handlers[destination]
         self.destination = destination
-        self._common: dict[str, EventMetadataValue] = {
-            "run_id": run_id,
-            "rdzv_backend": rdzv_backend,
-            "hostname": hostname,
-        }
+        self._run_id = run_id
+        self._rdzv_backend = rdzv_backend
+        self._hostname = hostname
+        self._entry_point = entry_point
+        # what torch's agent knows when it records: per node (one in real mode)
+        self._group: dict[str, tuple[int | None, int | None]] = {}
+        self._round: dict[str, tuple[int | None, int | None]] = {}
+        self._max_restarts: dict[str, int] = {}
+        self._restarts: dict[str, int] = {}
+        self._workers: dict[tuple[str, int | None], tuple[int, int, int, int]] = {}
 
     def emit(self, event: Any) -> None:
-        kind = event.kind
+        kind, node, fields = event.kind, event.node, event.fields
+        if kind == kinds.AGENT_START:
+            self._max_restarts[node] = int(fields.get("max_restarts", 0))
+            return
+        if kind == kinds.AGENT_RESTART:
+            left = fields.get("remaining_restarts")
+            if left is not None:
+                self._restarts[node] = self._max_restarts.get(node, 0) - int(left)
+            return
+        group_rank, group_world_size = self._group.get(node, (None, None))
+        md: dict[str, Any] = {
+            "group_world_size": group_world_size,
+            "entry_point": self._entry_point,
+        }
+        worker_id: str | None = None
         if kind.startswith(self._WORKER):
             source, state = EventSource.WORKER, kind[len(self._WORKER) :]
+            key = (node, event.rank)
+            if "role_rank" in fields:  # a start: what the later events of the worker lack
+                self._workers[key] = (
+                    int(fields.get("local_rank", -1)),
+                    int(fields["role_rank"]),
+                    int(fields.get("role_world_size", fields.get("world_size", 0))),
+                    int(fields.get("worker_pid", -1)),
+                )
+            local_rank, role_rank, role_world_size, pid = self._workers.get(
+                key, (int(fields.get("local_rank", -1)), -1, 0, -1)
+            )
+            pid = int(fields.get("worker_pid", pid))
+            worker_id = str(pid) if pid >= 0 else None
+            failed = state == "FAILED"
+            md.update(
+                local_rank=[local_rank],
+                role_rank=[role_rank],
+                role_world_size=[role_world_size],
+                exit_code=[fields.get("exit_code") if failed else None],
+                worker_pid=[pid if failed else None],
+            )
         elif kind in self._AGENT:
-            source, state = EventSource.AGENT, None
+            source, state = EventSource.AGENT, kind
+            kind = self._WORKER + kind
         else:
             return
-        fields = event.fields
         metadata: dict[str, EventMetadataValue] = {
-            **self._common,
+            "run_id": self._run_id,
             "global_rank": event.rank,
-            "group_rank": fields.get("group_rank"),
+            "group_rank": group_rank,
+            "worker_id": worker_id,
             "role": event.role,
+            "hostname": self._hostname,
             "state": state,
+            "total_run_time": 0,
+            "rdzv_backend": self._rdzv_backend,
+            "raw_error": None,
+            "metadata": json.dumps(md),
+            "agent_restarts": self._restarts.get(node, 0),
             "duration_ms": fields.get("duration_ms"),
-            "metadata": json.dumps(
-                {k: v for k, v in fields.items() if k not in ("group_rank", "duration_ms")},
-                sort_keys=True,
-            ),
         }
-        record(Event(kind, source, int(event.t), metadata), self.destination)
+        record(Event(kind, source, 0, metadata), self.destination)
+        # the round's result is the group's once its ranks are assigned (torch's order)
+        if state == kinds.RENDEZVOUS:
+            self._round[node] = (fields.get("group_rank"), fields.get("group_world_size"))
+        elif state == kinds.ASSIGN_WORKER_RANKS and node in self._round:
+            self._group[node] = self._round.pop(node)

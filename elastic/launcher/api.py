@@ -434,7 +434,7 @@ async def _run_on_store(
     spec = _worker_spec(config, entrypoint, args, handler)
     logs_specs = _logs_specs(config)
     # the handler is checked first: a refused name must not leave the event file open
-    recorder = _recorder(config, params.run_id)
+    recorder = _recorder(config, params.run_id, spec.get_entrypoint_name())
     event_file, events = _event_log(config, recorder)
     extra_env = dict(config.extra_env)
     # torch puts this in the agent's os.environ, whence every worker inherits it
@@ -559,14 +559,16 @@ def _logs_specs(config: LaunchConfig) -> LogsSpecs:
         ) from None
 
 
-def _recorder(config: LaunchConfig, run_id: str) -> EventSink | None:
+def _recorder(config: LaunchConfig, run_id: str, entry_point: str) -> EventSink | None:
     """torch's ``--event-log-handler``: where its worker-status and rendezvous events go."""
     if config.event_log_handler == "null":
         return None
     from elastic.events.api import RecordSink, handler_names
 
     try:
-        return RecordSink(config.event_log_handler, run_id, config.rdzv_backend, fqdn())
+        return RecordSink(
+            config.event_log_handler, run_id, config.rdzv_backend, fqdn(), entry_point
+        )
     except KeyError:
         raise ConfigError(
             "--event-log-handler",
