@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,3 +96,84 @@ def test_without_torch_imported_the_store_is_elastics_own() -> None:
         """
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def _torch_params(port: int, run_id: str = "tcp-job", **conf: str) -> Any:
+    from elastic.rendezvous import RendezvousParameters
+
+    return RendezvousParameters(
+        "c10d", f"localhost:{port}", run_id, 2, 2, local_addr="127.0.0.1", **conf
+    )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("is_host", ["false", None])
+def test_a_torch_tcpstore_at_the_endpoint_is_joined_with_torchs_client(
+    is_host: str | None,
+) -> None:
+    # torch's create_backend with is_host false (or absent, the port taken): a client of
+    # the TCPStore already there; the rendezvous then runs over it (no leases)
+    dist = pytest.importorskip("torch.distributed")
+    import threading
+    from base64 import b64encode
+    from datetime import timedelta
+
+    from elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    port = get_free_port()
+    server = dist.TCPStore("localhost", port, is_master=True, wait_for_workers=False)
+    conf = {"read_timeout": "20", "join_timeout": "30", "last_call_timeout": "1"}
+    if is_host is not None:
+        conf["is_host"] = is_host
+    backend, store = create_backend(_torch_params(port, **conf))
+    assert isinstance(store, dist.TCPStore)
+    assert (store.host, store.port, store.timeout) == ("localhost", port, timedelta(seconds=20))
+    backend.set_state(b"state")
+    assert server.get("torch.rendezvous.tcp-job") == b64encode(b"state")
+    # two nodes over it, each with its own client (as on two machines)
+    infos: list[Any] = []
+    handlers = []
+    for _ in range(2):
+        b, s = create_backend(_torch_params(port, "tcp-job-2", **conf))
+        handlers.append(create_handler(s, b, _torch_params(port, "tcp-job-2", **conf)))
+    threads = [
+        threading.Thread(target=lambda h=h: infos.append(h.next_rendezvous())) for h in handlers
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=40)
+    try:
+        assert sorted(i.rank for i in infos) == [0, 1]
+        assert {i.world_size for i in infos} == {2}
+    finally:
+        for h in handlers:
+            h.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_the_torch_probe_is_answered_at_once_by_our_store_and_by_no_listener() -> None:
+    # a program that imported torch probes before joining our store: the probe must not
+    # cost a timeout (our host closes the connection on bytes it cannot read)
+    import asyncio
+    import time
+
+    from elastic.real.netstore import StoreServer
+    from elastic.rendezvous.c10d_rendezvous_backend import _answers_torch_ping
+
+    async def probe_ours() -> tuple[bool, float]:
+        server = StoreServer("127.0.0.1", 0)
+        await server.start()
+        try:
+            t0 = time.monotonic()
+            answer = await asyncio.to_thread(_answers_torch_ping, "127.0.0.1", server.port, 10.0)
+            return answer, time.monotonic() - t0
+        finally:
+            await server.aclose()
+
+    answer, took = asyncio.run(probe_ours())
+    assert answer is False and took < 2.0, took
+    t0 = time.monotonic()
+    assert _answers_torch_ping("127.0.0.1", get_free_port(), 10.0) is False
+    assert time.monotonic() - t0 < 2.0

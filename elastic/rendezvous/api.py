@@ -438,7 +438,7 @@ class ThreadedStore:
 
     async def get(self, key: str, timeout: float | None = None) -> bytes:
         if timeout is not None:
-            await self._call("wait", [key], timedelta(seconds=timeout))
+            await self.wait([key], timeout)
         return bytes(await self._call("get", key))
 
     async def try_get(self, key: str) -> bytes | None:
@@ -459,10 +459,23 @@ class ThreadedStore:
         return bytes(await self._call("compare_set", key, expected or b"", desired))
 
     async def wait(self, keys: Sequence[str], timeout: float | None = None) -> None:
-        if timeout is None:
-            await self._call("wait", list(keys))
-        else:
-            await self._call("wait", list(keys), timedelta(seconds=timeout))
+        """The port's ``wait``: :class:`TimeoutError` when ``timeout`` passes.  A timeout
+        of 0 or less is a look (``check``): c10d takes a zero timeout for "none" in some
+        stores (``HashStore`` waits for ever) and for "now" in others (``TCPStore``).
+        torch's timeout error (``DistStoreError``) becomes :class:`TimeoutError`."""
+        if timeout is not None and timeout <= 0:
+            if not await self._call("check", list(keys)):
+                raise TimeoutError(f"wait({list(keys)!r}): not all set")
+            return
+        try:
+            if timeout is None:
+                await self._call("wait", list(keys))
+            else:
+                await self._call("wait", list(keys), timedelta(seconds=timeout))
+        except RuntimeError as e:
+            if type(e).__name__ == "DistStoreError" or "timeout" in str(e).lower():
+                raise TimeoutError(f"wait({list(keys)!r}): {e}") from e
+            raise
 
     async def delete(self, key: str) -> bool:
         return bool(await self._call("delete_key", key))

@@ -10,9 +10,14 @@ from __future__ import annotations
 import binascii
 import copy
 import os
+import secrets
+import socket
+import struct
+import sys
 import tempfile
 from base64 import b64decode, b64encode
 from collections.abc import Awaitable
+from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 from elastic.errors import StoreError
@@ -199,11 +204,15 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
 
     ``tcp``: the store comes from :func:`elastic.real.rdzv_context.default_context`
     (real mode); it is returned as a :class:`SyncStore` (torch's blocking methods), as
-    torch returns its ``Store``.  ``file``: torch's own ``FileStore`` at the endpoint's
-    path (a new temporary file when the endpoint is empty), returned as it is, as torch
-    does; it needs torch installed.  torch's errors: a temporary file that cannot be made
-    raises :class:`RendezvousError`, a ``FileStore`` that cannot be opened
-    :class:`RendezvousConnectionError`.
+    torch returns its ``Store``.  Except where a torch ``TCPStore`` already serves the
+    endpoint and this node was not told to host (a program using ``torch.distributed``):
+    then the store is torch's own ``TCPStore`` client, as torch's is.
+
+    ``file``: torch's own ``FileStore`` at the endpoint's path (a new temporary file when
+    the endpoint is empty), returned as it is, as torch does; it needs torch installed.
+
+    torch's errors: a temporary file that cannot be made raises :class:`RendezvousError`,
+    a ``FileStore`` that cannot be opened :class:`RendezvousConnectionError`.
     """
     store_type = str(params.get("store_type", "tcp")).strip().lower()
     if store_type == "file":
@@ -214,7 +223,7 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
     read_timeout = params.get_as_int("read_timeout", 60)
     if read_timeout is None or read_timeout <= 0:
         raise ValueError("The read timeout must be a positive integer.")
-    params.get_as_bool("is_host")  # validated as torch does; the context decides who hosts
+    is_host = params.get_as_bool("is_host")  # validated as torch does
 
     if params.backend != "c10d":  # the c10d store whatever the handler is named (torch's)
         params = copy.copy(params)
@@ -224,12 +233,64 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
         from elastic.rendezvous.utils import parse_rendezvous_endpoint
 
         host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
+        tcp_store = _torch_tcp_store_at(host, port, is_host, read_timeout)
+        if tcp_store is not None:
+            return C10dRendezvousBackend(tcp_store, params.run_id), tcp_store
         params = copy.copy(params)
         params.endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     ctx = real_context(params, "the C10d store")
     assert ctx.sync_runner is not None
     store = SyncStore(ctx.store, ctx.sync_runner, timeout=float(read_timeout))
     return C10dRendezvousBackend(store, params.run_id), torch_store(store)
+
+
+#: torch's TCPStore wire format (c10d's ``QueryType``, native byte order): the
+#: validation every client sends first, then a ping whose nonce the server echoes
+_TORCH_VALIDATE = struct.pack("=BI", 0, 0x3C85F7CE)
+_TORCH_PING = 13
+
+
+def _answers_torch_ping(host: str, port: int, timeout: float) -> bool:
+    """Whether a torch ``TCPStore`` server listens at ``host:port``: one connection, torch's
+    validation and a ping; ``True`` only if the nonce comes back within ``timeout``.
+
+    Our own store server takes the bytes for an oversized frame and closes the connection
+    at once; nothing listening refuses it at once: either answer costs a round trip."""
+    nonce = secrets.randbits(32)
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(_TORCH_VALIDATE + struct.pack("=BI", _TORCH_PING, nonce))
+            reply = b""
+            while len(reply) < 4:
+                chunk = sock.recv(4 - len(reply))
+                if not chunk:
+                    return False
+                reply += chunk
+    except OSError:
+        return False
+    return bool(struct.unpack("=I", reply)[0] == nonce)
+
+
+def _torch_tcp_store_at(host: str, port: int, is_host: bool | None, read_timeout: int) -> Any:
+    """torch's own ``TCPStore`` client, when the program uses ``torch.distributed``, was not
+    told to host (``is_host`` false or absent) and a torch ``TCPStore`` already serves the
+    endpoint (torch's ``create_backend`` then connects to it as a client); else ``None``.
+
+    The rendezvous then runs over that blocking store as over any torch ``Store`` (no
+    leases: torch's keep-alives in the state).  No torch import here: a program that
+    never imported ``torch.distributed`` gets the project's store."""
+    dist = sys.modules.get("torch.distributed")
+    if is_host or dist is None or not hasattr(dist, "TCPStore"):
+        return None
+    if not _answers_torch_ping(host, port, min(float(read_timeout), 10.0)):
+        return None
+    try:
+        return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=read_timeout))
+    except (RuntimeError, ValueError, TimeoutError) as exc:
+        raise RendezvousConnectionError(
+            "The connection to the C10d store has failed. See inner exception for details."
+        ) from exc
 
 
 def real_context(params: RendezvousParameters, what: str) -> RendezvousContext:
