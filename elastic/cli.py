@@ -83,7 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd, rest = args[0], args[1:]
     if cmd == "run":
         return run_main(rest)
-    plugins = _plugins()
+    try:
+        # loading a plugin imports its package (the simulator: most of a second on a busy
+        # machine), where a Ctrl-C must end it the same way as later
+        plugins = _plugins()
+    except KeyboardInterrupt:
+        print(f"\nelastic {cmd}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     if cmd in plugins:
         return _guarded(cmd, plugins[cmd], rest)
     known = ", ".join(sorted({"run", *plugins}))

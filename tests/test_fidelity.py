@@ -301,8 +301,26 @@ def test_a_killed_elastic_real_leaves_nothing_running(sig: str, tag: str) -> Non
     import signal
     import time
 
+    import psutil
+
     p = _start_real("fidelity_worker_crash.yaml", tag)
-    time.sleep(4)  # the agents and their workers are running
+    # the run has started its store host (after its SIGTERM handler); then a moment for
+    # the agents and their workers
+    proc, deadline = psutil.Process(p.pid), time.monotonic() + 40
+
+    def hosting() -> bool:
+        for c in proc.children(recursive=True):
+            try:
+                if "elastic.real.netstore_host" in " ".join(c.cmdline()):
+                    return True
+            except psutil.Error:  # a child that ended meanwhile
+                continue
+        return False
+
+    while not hosting():
+        assert time.monotonic() < deadline and p.poll() is None, p.stderr
+        time.sleep(0.05)
+    time.sleep(2)
     p.send_signal(getattr(signal, sig))
     _, err = p.communicate(timeout=30)
     if sig == "SIGTERM":

@@ -111,14 +111,17 @@ def test_local_elastic_agent_with_torchs_constructor_runs_a_command(
         role="trainer",
         local_world_size=2,
         entrypoint="/bin/sh",
-        # local rank 1 fails only after rank 0 has exited 0 (it waits for rank 0's file,
-        # then a moment for its exit): had it failed first, the agent's stop would have
-        # ended rank 0 too, and torch's report lists that rank as well (exit -15)
+        # local rank 1 fails only after rank 0 has exited 0 and been reaped (it waits for
+        # rank 0's pid file, then for that pid to be gone): had it failed first, the
+        # agent's stop would have ended rank 0 too, and torch's report lists that rank as
+        # well (exit -15)
         args=(
             "-c",
             'test "$ROLE_NAME" = trainer || exit 3; '
-            f'if [ "$LOCAL_RANK" = 0 ]; then echo up; touch {tmp_path}/r0; exit 0; fi; '
-            f"while [ ! -e {tmp_path}/r0 ]; do sleep 0.02; done; sleep 0.5; exit 1",
+            f'if [ "$LOCAL_RANK" = 0 ]; then echo up; echo $$ > {tmp_path}/r0.tmp; '
+            f"mv {tmp_path}/r0.tmp {tmp_path}/r0; exit 0; fi; "
+            f"while [ ! -e {tmp_path}/r0 ]; do sleep 0.02; done; "
+            f'while kill -0 "$(cat {tmp_path}/r0)" 2>/dev/null; do sleep 0.02; done; exit 1',
         ),
         rdzv_handler=handler,
         max_restarts=0,

@@ -74,8 +74,8 @@ def test_a_cut_holds_a_request_and_the_heal_delivers_it_at_once() -> None:
             took = float(client.stdout.readline())
             answered = time.monotonic()
             # held, not lost: answered at the heal, not at TCP's next resend after it
-            assert took >= 3
-            assert answered - t_heal < 0.5, answered - t_heal
+            assert took >= 3 - 0.5  # the client's clock starts when it reads "go"
+            assert answered - t_heal < 1.5, answered - t_heal  # TCP would resend at ~6 s
             assert hosts.dropped == 0
         finally:
             for p in (client, server):

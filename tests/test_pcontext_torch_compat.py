@@ -268,37 +268,38 @@ def test_a_peer_that_ends_on_its_own_before_the_next_look_is_not_stopped(
     tmp_path: Path,
 ) -> None:
     # rank 0 fails once the wait has begun (torch's first look, which would find a
-    # failure at once); rank 1 ends 0.5 s later, well before torch's next look at period
-    # 3 s would find the failure: it is its own exit, not a SIGTERM
+    # failure at once; 1.5 s leave room for a slow start); rank 1 ends 1 s later, well
+    # before torch's next look at period 6 s would find the failure: it is its own exit,
+    # not a SIGTERM
     pc = start_processes(
         "race",
         "/bin/sh",
-        {0: ("-c", "sleep 0.5; exit 3"), 1: ("-c", "sleep 1")},
+        {0: ("-c", "sleep 1.5; exit 3"), 1: ("-c", "sleep 2.5")},
         envs(2),
         DefaultLogsSpecs(str(tmp_path)),
     )
     t0 = time.monotonic()
-    result = pc.wait(period=3)
+    result = pc.wait(period=6)
     took = time.monotonic() - t0
     assert result is not None and set(result.failures) == {0}
     assert result.failures[0].exitcode == 3
-    assert took < 2.5  # every process ended: nothing left to wait for, no look to wait for
+    assert took < 5  # every process ended: nothing left to wait for, no look to wait for
 
 
 def test_a_failure_is_acted_on_at_the_next_look_of_the_period(tmp_path: Path) -> None:
     pc = start_processes(
         "look",
         "/bin/sh",
-        {0: ("-c", "sleep 0.5; exit 3"), 1: ("-c", "sleep 60")},
+        {0: ("-c", "sleep 1.5; exit 3"), 1: ("-c", "sleep 60")},
         envs(2),
         DefaultLogsSpecs(str(tmp_path)),
     )
     t0 = time.monotonic()
-    result = pc.wait(period=1.5)
+    result = pc.wait(period=4)
     took = time.monotonic() - t0
     assert result is not None and set(result.failures) == {0, 1}
     assert result.failures[1].exitcode == -15
-    assert 1.4 <= took < 4  # the look at 1.5 s, not at once and not a later one
+    assert 3.9 <= took < 7  # the look at 4 s, not at the failure and not a later one
 
 
 def test_a_timeout_before_the_next_look_gives_none_and_the_next_wait_acts(
@@ -307,12 +308,12 @@ def test_a_timeout_before_the_next_look_gives_none_and_the_next_wait_acts(
     pc = start_processes(
         "late",
         "/bin/sh",
-        {0: ("-c", "sleep 0.5; exit 3"), 1: ("-c", "sleep 60")},
+        {0: ("-c", "sleep 1.5; exit 3"), 1: ("-c", "sleep 60")},
         envs(2),
         DefaultLogsSpecs(str(tmp_path)),
     )
     pids = pc.pids()
-    assert pc.wait(timeout=1.5, period=30) is None  # torch's loop ends before its next look
+    assert pc.wait(timeout=3, period=30) is None  # torch's loop ends before its next look
     assert psutil.pid_exists(pids[1]) and psutil.Process(pids[1]).status() != "zombie"
     t0 = time.monotonic()
     result = pc.wait(timeout=0)  # the failure seen earlier: acted on at this first look

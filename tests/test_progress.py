@@ -174,7 +174,7 @@ def test_real_workers_beating_over_fifos_and_the_one_that_stops_is_found(
 
     stuck, silent_for = asyncio.run(main())
     assert stuck == [1]
-    assert 0.5 <= silent_for < 0.5 + 0.1
+    assert 0.5 <= silent_for < 0.5 + 0.5  # found at its deadline (plus a busy loop's wake)
 
 
 @pytest.mark.timeout(30)

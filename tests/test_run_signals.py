@@ -93,8 +93,8 @@ def test_workers_ignoring_sigterm_are_killed_after_the_shutdown_timeout(
         agent.communicate()
     assert all(gone_within({p}, 0.5) is not None for p in pids)
     assert agent.returncode == 1
-    # the grace period is spent (they ignore SIGTERM), then SIGKILL: well under 2 s
-    assert 0.9 <= took < 2.5, took
+    # the grace period (1 s) is spent (they ignore SIGTERM), then SIGKILL: not much more
+    assert 0.9 <= took < 4.0, took
 
 
 @pytest.mark.timeout(60)
