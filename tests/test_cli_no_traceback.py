@@ -405,3 +405,19 @@ def test_the_report_of_a_large_log_holds_only_running_totals(tmp_path: Path) -> 
     tracemalloc.stop()
     assert report["events"] == 30_000 and report["nodes"] == 512
     assert peak < 4 * 2**20, peak  # the log is ≈ 5 MB; its events would take ≈ 30 MB
+
+
+def test_ctrl_c_while_the_plugin_loads_prints_the_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the simulator's import takes up to seconds on a busy machine: a Ctrl-C then is
+    # the same one line and 130 as during the run
+    import elastic.cli
+
+    def loading() -> dict[str, object]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(elastic.cli, "_plugins", loading)
+    assert elastic.cli.main(["sim", "scenario.yaml"]) == elastic.cli.INTERRUPTED
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == "elastic sim: interrupted"
