@@ -160,14 +160,14 @@ def test_the_torch_probe_is_answered_at_once_by_our_store_and_by_no_listener() -
     import time
 
     from elastic.real.netstore import StoreServer
-    from elastic.rendezvous.c10d_rendezvous_backend import _answers_torch_ping
+    from elastic.real.torch_probe import answers_torch_ping
 
     async def probe_ours() -> tuple[bool, float]:
         server = StoreServer("127.0.0.1", 0)
         await server.start()
         try:
             t0 = time.monotonic()
-            answer = await asyncio.to_thread(_answers_torch_ping, "127.0.0.1", server.port, 10.0)
+            answer = await asyncio.to_thread(answers_torch_ping, "127.0.0.1", server.port, 10.0)
             return answer, time.monotonic() - t0
         finally:
             await server.aclose()
@@ -175,5 +175,5 @@ def test_the_torch_probe_is_answered_at_once_by_our_store_and_by_no_listener() -
     answer, took = asyncio.run(probe_ours())
     assert answer is False and took < 2.0, took
     t0 = time.monotonic()
-    assert _answers_torch_ping("127.0.0.1", get_free_port(), 10.0) is False
+    assert answers_torch_ping("127.0.0.1", get_free_port(), 10.0) is False
     assert time.monotonic() - t0 < 2.0

@@ -34,7 +34,7 @@ from typing import IO, Any
 
 from elastic.errors import ConfigError
 
-__all__ = ["EtcdServer", "find_etcd_binary", "find_free_port"]
+__all__ = ["EtcdServer", "find_etcd_binary", "find_free_port", "stop_etcd"]
 
 log = logging.getLogger(__name__)
 
@@ -225,3 +225,15 @@ class EtcdServer:
         atexit.unregister(self.stop)
         self._kill()
         shutil.rmtree(self._base_data_dir, ignore_errors=True)
+
+
+def stop_etcd(process: subprocess.Popen[bytes] | None, data_dir: str | None = None) -> None:
+    """torch's helper: terminate an etcd process started by hand (and wait for it), then
+    delete its ``data_dir``, when given."""
+    if process is not None and process.poll() is None:
+        log.info("stopping etcd server")
+        process.terminate()
+        process.wait()
+    if data_dir:
+        log.info("deleting etcd data dir: %s", data_dir)
+        shutil.rmtree(data_dir, ignore_errors=True)

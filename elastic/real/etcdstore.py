@@ -99,7 +99,7 @@ from elastic.real.clock import AsyncioClock
 from elastic.real.loop_thread import LoopThread
 from elastic.store import Lease
 
-__all__ = ["EtcdLease", "EtcdStoreClient", "parse_endpoint", "shared_loop"]
+__all__ = ["EtcdLease", "EtcdStoreClient", "cas_delay", "parse_endpoint", "shared_loop"]
 
 T = TypeVar("T")
 
@@ -1162,3 +1162,10 @@ class EtcdStoreClient:
         )
         resp = await self._must("read the revision", lambda ep, t: ep.kv.Range(req, timeout=t))
         return int(resp.header.revision)
+
+
+def cas_delay() -> None:
+    """torch's pause (0 to 0.1 s, random) between its v2 compare-and-swap retries.  Ours
+    makes each operation one v3 transaction and never retries; kept for programs that
+    call it (``elastic.rendezvous.etcd_store.cas_delay``)."""
+    time.sleep(random.uniform(0, 0.1))

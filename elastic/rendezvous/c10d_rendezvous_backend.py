@@ -10,9 +10,6 @@ from __future__ import annotations
 import binascii
 import copy
 import os
-import secrets
-import socket
-import struct
 import sys
 import tempfile
 from base64 import b64decode, b64encode
@@ -244,34 +241,6 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
     return C10dRendezvousBackend(store, params.run_id), torch_store(store)
 
 
-#: torch's TCPStore wire format (c10d's ``QueryType``, native byte order): the
-#: validation every client sends first, then a ping whose nonce the server echoes
-_TORCH_VALIDATE = struct.pack("=BI", 0, 0x3C85F7CE)
-_TORCH_PING = 13
-
-
-def _answers_torch_ping(host: str, port: int, timeout: float) -> bool:
-    """Whether a torch ``TCPStore`` server listens at ``host:port``: one connection, torch's
-    validation and a ping; ``True`` only if the nonce comes back within ``timeout``.
-
-    Our own store server takes the bytes for an oversized frame and closes the connection
-    at once; nothing listening refuses it at once: either answer costs a round trip."""
-    nonce = secrets.randbits(32)
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.settimeout(timeout)
-            sock.sendall(_TORCH_VALIDATE + struct.pack("=BI", _TORCH_PING, nonce))
-            reply = b""
-            while len(reply) < 4:
-                chunk = sock.recv(4 - len(reply))
-                if not chunk:
-                    return False
-                reply += chunk
-    except OSError:
-        return False
-    return bool(struct.unpack("=I", reply)[0] == nonce)
-
-
 def _torch_tcp_store_at(host: str, port: int, is_host: bool | None, read_timeout: int) -> Any:
     """torch's own ``TCPStore`` client, when the program uses ``torch.distributed``, was not
     told to host (``is_host`` false or absent) and a torch ``TCPStore`` already serves the
@@ -283,7 +252,9 @@ def _torch_tcp_store_at(host: str, port: int, is_host: bool | None, read_timeout
     dist = sys.modules.get("torch.distributed")
     if is_host or dist is None or not hasattr(dist, "TCPStore"):
         return None
-    if not _answers_torch_ping(host, port, min(float(read_timeout), 10.0)):
+    from elastic.real.torch_probe import answers_torch_ping
+
+    if not answers_torch_ping(host, port, min(float(read_timeout), 10.0)):
         return None
     try:
         return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=read_timeout))

@@ -28,12 +28,10 @@ Example::
 from __future__ import annotations
 
 import datetime
-import random
-import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from elastic.real.etcdstore import EtcdStoreClient, shared_loop
+from elastic.real.etcdstore import EtcdStoreClient, cas_delay, shared_loop
 
 __all__ = ["EtcdStore", "cas_delay"]
 
@@ -55,13 +53,6 @@ def _value(value: str | bytes) -> bytes:
     if isinstance(value, str):
         return value.encode()
     raise ValueError("Value must be of type str or bytes")
-
-
-def cas_delay() -> None:
-    """torch's pause (0 to 0.1 s, random) between its v2 compare-and-swap retries.  Ours
-    makes each operation one v3 transaction and never retries; kept for programs that
-    call it."""
-    time.sleep(random.uniform(0, 0.1))
 
 
 class EtcdStore:
