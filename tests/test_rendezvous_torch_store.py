@@ -33,6 +33,10 @@ PROGRAM = textwrap.dedent(
     )
     backend, store = create_backend(params)
     assert isinstance(store, dist.Store), type(store)
+    # what programs read of the TCPStore torch returns here
+    from datetime import timedelta
+    assert (store.host, store.port) == ("127.0.0.1", int(port)), (store.host, store.port)
+    assert store.timeout == timedelta(seconds=60), store.timeout
     handler = create_handler(store, backend, params)
     info = handler.next_rendezvous()
     assert isinstance(info.store, dist.Store), type(info.store)

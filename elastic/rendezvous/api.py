@@ -320,7 +320,7 @@ def sync_store_of(store: object) -> SyncStore | None:
 _TORCH_STORE_CLASS: Any = None
 
 
-def torch_store(store: SyncStore) -> Any:
+def torch_store(store: SyncStore, endpoint: tuple[str, int] | None = None) -> Any:
     """``store`` as a ``torch.distributed.Store`` when the program has imported
     ``torch.distributed`` (else ``store`` itself: no torch import here).
 
@@ -331,7 +331,9 @@ def torch_store(store: SyncStore) -> Any:
     C++ calls back: ``set``, ``get``, ``add``, ``compare_set``, ``wait``, ``check``,
     ``delete_key``, ``num_keys``, ``multi_get``, ``multi_set``) are the
     :class:`SyncStore`'s; a blocking call waits with the GIL released, so torch's
-    threads and the store's loop thread go on.
+    threads and the store's loop thread go on.  With ``endpoint`` (``create_backend``'s
+    c10d store, where torch returns a ``TCPStore``), ``host`` and ``port`` are its, as a
+    ``TCPStore``'s are.
     """
     import sys
 
@@ -341,23 +343,34 @@ def torch_store(store: SyncStore) -> Any:
     global _TORCH_STORE_CLASS
     if _TORCH_STORE_CLASS is None:
         _TORCH_STORE_CLASS = _make_torch_store_class(dist.Store)
-    return _TORCH_STORE_CLASS(store)
+    return _TORCH_STORE_CLASS(store, endpoint)
 
 
 def _make_torch_store_class(base: Any) -> Any:
     class TorchSyncStore(base):  # type: ignore[misc]
         """A :class:`SyncStore` typed as torch's ``Store`` (see :func:`torch_store`)."""
 
-        def __init__(self, sync: SyncStore) -> None:
+        def __init__(self, sync: SyncStore, endpoint: tuple[str, int] | None = None) -> None:
             super().__init__()
             self._elastic_sync_store = sync
+            self._elastic_endpoint = endpoint
 
         def __repr__(self) -> str:
             return f"TorchSyncStore({self._elastic_sync_store.port!r})"
 
         @property
-        def port(self) -> Store:
-            return self._elastic_sync_store.port
+        def host(self) -> str:
+            """The rendezvous endpoint's host, as a ``TCPStore``'s ``host``."""
+            if self._elastic_endpoint is None:
+                raise AttributeError("this store was not opened at an endpoint: no host")
+            return self._elastic_endpoint[0]
+
+        @property
+        def port(self) -> int:
+            """The rendezvous endpoint's port, as a ``TCPStore``'s ``port``."""
+            if self._elastic_endpoint is None:
+                raise AttributeError("this store was not opened at an endpoint: no port")
+            return self._elastic_endpoint[1]
 
         @property
         def underlying_store(self) -> Any:

@@ -235,10 +235,13 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
             return C10dRendezvousBackend(tcp_store, params.run_id), tcp_store
         params = copy.copy(params)
         params.endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        endpoint: tuple[str, int] | None = (host, port)
+    else:
+        endpoint = None
     ctx = real_context(params, "the C10d store")
     assert ctx.sync_runner is not None
     store = SyncStore(ctx.store, ctx.sync_runner, timeout=float(read_timeout))
-    return C10dRendezvousBackend(store, params.run_id), torch_store(store)
+    return C10dRendezvousBackend(store, params.run_id), torch_store(store, endpoint)
 
 
 def _torch_tcp_store_at(host: str, port: int, is_host: bool | None, read_timeout: int) -> Any:
