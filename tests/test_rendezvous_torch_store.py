@@ -157,27 +157,51 @@ def test_a_torch_tcpstore_at_the_endpoint_is_joined_with_torchs_client(
 
 
 @pytest.mark.timeout(60)
-def test_the_torch_probe_is_answered_at_once_by_our_store_and_by_no_listener() -> None:
-    # a program that imported torch probes before joining our store: the probe must not
-    # cost a timeout (our host closes the connection on bytes it cannot read)
+def test_our_store_is_recognised_at_once_and_never_sent_torchs_bytes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a program that imported torch asks who listens before joining: our host answers
+    # its own hello at once (a token or not), and is never sent torch's validation, for
+    # which it would warn of a torchrun node pointed at the job
     import asyncio
+    import logging
     import time
 
     from elastic.real.netstore import StoreServer
-    from elastic.real.torch_probe import answers_torch_ping
+    from elastic.real.torch_probe import answers_torch_ping, speaks_elastic_store
+    from elastic.rendezvous.c10d_rendezvous_backend import _torch_tcp_store_at
 
-    async def probe_ours() -> tuple[bool, float]:
-        server = StoreServer("127.0.0.1", 0)
+    async def ask(token: str | None) -> tuple[bool, object, float]:
+        server = StoreServer("127.0.0.1", 0, token=token)
         await server.start()
         try:
             t0 = time.monotonic()
-            answer = await asyncio.to_thread(answers_torch_ping, "127.0.0.1", server.port, 10.0)
-            return answer, time.monotonic() - t0
+            ours = await asyncio.to_thread(speaks_elastic_store, "127.0.0.1", server.port, 5.0)
+            took = time.monotonic() - t0
+            joined = await asyncio.to_thread(_torch_tcp_store_at, "127.0.0.1", server.port, None, 5)
+            return ours, joined, took
         finally:
             await server.aclose()
 
-    answer, took = asyncio.run(probe_ours())
-    assert answer is False and took < 2.0, took
+    caplog.set_level(logging.INFO, logger="elastic.real.netstore")
+    for token in (None, "secret"):
+        ours, joined, took = asyncio.run(ask(token))
+        assert ours is True and took < 2.0, took
+        assert joined is None  # not torch's: the project's own client will join it
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # nothing listening: both answers at once
+    free = get_free_port()
     t0 = time.monotonic()
-    assert answers_torch_ping("127.0.0.1", get_free_port(), 10.0) is False
+    assert speaks_elastic_store("127.0.0.1", free, 5.0) is False
+    assert answers_torch_ping("127.0.0.1", free, 5.0) is False
     assert time.monotonic() - t0 < 2.0
+
+
+@pytest.mark.timeout(60)
+def test_a_torch_tcpstore_does_not_pass_for_ours_and_answers_torchs_ping() -> None:
+    dist = pytest.importorskip("torch.distributed")
+    from elastic.real.torch_probe import answers_torch_ping, speaks_elastic_store
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    assert speaks_elastic_store("127.0.0.1", server.port, 0.5) is False  # silent to it
+    assert answers_torch_ping("127.0.0.1", server.port, 5.0) is True
