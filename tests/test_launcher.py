@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 from unittest.mock import Mock
 
 import pytest
@@ -73,6 +74,35 @@ def test_return_values_come_in_rank_order_whatever_order_the_workers_end_in(
 ) -> None:
     values = elastic_launch(_config(tmp_path, n=3), rank_zero_last)()
     assert list(values.items()) == [(0, 0), (1, 1), (2, 2)]  # programs iterate over them
+
+
+class _Model:
+    """An object that is not data: it reaches a forked worker as it is."""
+
+    def __init__(self, w: int) -> None:
+        self.w = w
+
+    def __call__(self, x: int) -> int:
+        return self.w * x
+
+
+def apply_model(model: _Model, offset: Any) -> int:
+    return model(int(os.environ["RANK"])) + offset()
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_function_worker_takes_any_object_as_torchs_fork_does(
+    tmp_path: Path, tagged: str
+) -> None:
+    # notebook launchers (accelerate's) fork workers with a model and closures as the
+    # arguments: inherited, nothing written down or read back
+    shift = 100
+    fork = _config(tmp_path, start_method="fork")
+    values = elastic_launch(fork, apply_model)(_Model(3), lambda: shift)
+    assert values == {0: 100, 1: 103}
+    # spawn must write them down for the new interpreter: data only, one line why
+    with pytest.raises(ConfigError, match=r"args\[0\] is a _Model, which is not data"):
+        elastic_launch(_config(tmp_path), apply_model)(_Model(3), lambda: shift)
 
 
 @pytest.mark.timeout(60)

@@ -19,10 +19,12 @@ worker's ``PATH`` first (a missing one is a one-line :class:`~elastic.errors.Con
 run by :mod:`elastic.real._fn_runner`: with ``start_method="spawn"`` the function is found
 again by its import path (module + qualified name, ``__main__`` re-run as
 ``__mp_main__``), so lambdas and local functions are refused; with ``"fork"`` the child
-calls it directly.  Arguments and return values are data, never pickle: JSON with tags
-for tuples, bytes, non-str dict keys and tensors (:mod:`elastic.real._fn_runner`); a
-return value that cannot be written so (or is over 64 MiB encoded), or that the agent
-cannot read back, fails the worker (exit code 1, the reason in its error file).
+calls it directly, with the arguments it inherited (any objects: a model, a closure, as
+with torch's fork).  Otherwise arguments, and always return values, are data, never
+pickle: JSON with tags for tuples, bytes, non-str dict keys and tensors
+(:mod:`elastic.real._fn_runner`); a return value that cannot be written so (or is over
+64 MiB encoded), or that the agent cannot read back, fails the worker (exit code 1, the
+reason in its error file).
 Each worker leads its own process group and its environment is the agent's, overlaid by
 ``WorkerLaunch.env``, plus ``TORCHELASTIC_ERROR_FILE`` (from the
 :class:`~elastic.multiprocessing.api.LogsSpecs`) — the same names torch gives.  The
@@ -955,12 +957,14 @@ class ProcessWorkers:
         if isinstance(la.entrypoint, str):
             argv = [_resolve_executable(la.entrypoint, env), la.entrypoint, *map(str, args)]
         else:
-            data_args = _check_json_args(args)
             result_path = os.path.join(private_dir, f"result_{r}.json")
             if self.start_method == "fork":
+                # the child inherits the arguments as they are (torch's fork does the
+                # same): nothing is written down or read back, so any object will do
                 fork_fn = la.entrypoint
                 argv = []
             else:
+                data_args = _check_json_args(args)
                 spec = _function_spec(la.entrypoint)
                 spec.update(args=data_args, result_path=result_path, sys_path=list(sys.path))
                 spec_path = os.path.join(private_dir, f"spec_{r}.json")
