@@ -20,6 +20,7 @@ from elastic.rendezvous import (
     RendezvousParameters,
     RendezvousStateError,
 )
+from elastic.rendezvous.api import sync_store_of
 from elastic.rendezvous.backend_store import BackendStore
 from elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from elastic.rendezvous.c10d_rendezvous_backend import create_backend as c10d_create_backend
@@ -442,7 +443,9 @@ def test_c10d_create_backend_gives_a_portless_endpoint_the_module_default_port(
     def store_for(endpoint: str) -> Any:
         params = RendezvousParameters("c10d", endpoint, "port-job", 1, 1)
         _, store = c10d_create_backend(params)
-        return store.port
+        sync = sync_store_of(store)  # the store port under it (torch's Store or not)
+        assert sync is not None
+        return sync.port
 
     unpatched = store_for("localhost")
     assert unpatched is store_for(f"localhost:{c10d.DEFAULT_PORT}")

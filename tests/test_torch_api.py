@@ -25,6 +25,7 @@ from elastic.rendezvous import (
     get_rendezvous_handler,
     rendezvous_handler_registry,
 )
+from elastic.rendezvous.api import sync_store_of
 
 # (module, name) at torch's path; name None = the module itself
 SEED_NAMES: list[tuple[str, str | None]] = [
@@ -311,8 +312,10 @@ def test_rendezvous_store_info_build_publishes_rank_zeros_address(
     info1 = RendezvousStoreInfo.build(1, store, "ignored")
     assert (info0.master_addr, info0.master_port) == ("node-0", 4242)
     assert info1 == info0
+    port = sync_store_of(store)
+    assert port is not None  # a SyncStore, or a torch Store over one (torch imported)
     with pytest.raises(TypeError, match="use build_async"):
-        RendezvousStoreInfo.build(0, store.port, "x", 1)
+        RendezvousStoreInfo.build(0, port.port, "x", 1)
 
 
 class _PlainDefPort:
@@ -338,7 +341,9 @@ class _PlainDefPort:
 def test_a_store_port_of_plain_functions_is_not_taken_for_a_blocking_store(
     real_handler: RendezvousHandler,
 ) -> None:
-    port = _PlainDefPort(real_handler.next_rendezvous().store.port)
+    sync = sync_store_of(real_handler.next_rendezvous().store)
+    assert sync is not None
+    port = _PlainDefPort(sync.port)
     with pytest.raises(TypeError, match="use build_async"):
         RendezvousStoreInfo.build(0, port, "x", 1)
 
