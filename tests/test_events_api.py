@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
@@ -60,22 +61,24 @@ def test_get_logging_handler_has_torchs_destinations() -> None:
         get_logging_handler("nope")
 
 
+class Keep(logging.Handler):
+    """A handler that keeps the messages it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 def test_construct_and_record_rdzv_event_records_torchs_fields(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import json
-    import logging
     import os
 
     from elastic.events import NodeState, construct_and_record_rdzv_event, handlers
-
-    class Keep(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lines: list[str] = []
-
-        def emit(self, record: logging.LogRecord) -> None:
-            self.lines.append(record.getMessage())
 
     # the default (NullHandler) records nothing and computes nothing
     construct_and_record_rdzv_event("r", "quiet", NodeState.INIT)
@@ -125,17 +128,8 @@ def test_the_record_sink_gives_torchs_names_keys_and_inner_metadata(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import json
-    import logging
 
     from elastic.events import AgentEvent, handlers, kinds
-
-    class Keep(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lines: list[str] = []
-
-        def emit(self, record: logging.LogRecord) -> None:
-            self.lines.append(record.getMessage())
 
     keep = Keep()
     monkeypatch.setitem(handlers._log_handlers, "keep", keep)
