@@ -49,8 +49,6 @@ def test_unknown_names_still_raise_attribute_error() -> None:
 
 
 def test_get_logging_handler_has_torchs_destinations() -> None:
-    import logging
-
     from elastic.events import get_logging_handler
 
     assert isinstance(get_logging_handler(), logging.NullHandler)
