@@ -121,17 +121,26 @@ def fn_exit(code: int) -> None:
 
 @pytest.mark.timeout(60)
 def test_exit_codes_signals_and_order_are_reported(sweep: Sweep, tmp_path: Path) -> None:
+    def gated(r: int, code: str) -> tuple[Any, ...]:
+        # each ends when the test says so: the order is the test's, whatever the load
+        go = str(tmp_path / f"go.{r}")
+        wait = f"import os, sys, time\nwhile not os.path.exists({go!r}): time.sleep(0.005)\n"
+        return py(wait + code)
+
     async def main() -> list[WorkerExit]:
         async with make_workers(sweep, tmp_path) as pw:
             group = await pw.start(
                 [
-                    launch(0, *py("import time, sys; time.sleep(0.6); sys.exit(3)")),
-                    launch(1, *py("import os; os.kill(os.getpid(), 9)")),
-                    launch(2, *py("import time; time.sleep(0.3)")),
+                    launch(0, *gated(0, "sys.exit(3)")),
+                    launch(1, *gated(1, "os.kill(os.getpid(), 9)")),
+                    launch(2, *gated(2, "pass")),
                 ]
             )
             assert set(group.pids()) == {0, 1, 2}
-            exits = await collect(group, 3)
+            exits = []
+            for r in (1, 2, 0):
+                (tmp_path / f"go.{r}").touch()
+                exits += await collect(group, 1)
             assert group.running() == frozenset()
             with pytest.raises(RuntimeError, match="already returned"):
                 await group.next_exit()
