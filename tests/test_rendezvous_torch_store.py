@@ -168,15 +168,15 @@ def test_our_store_is_recognised_at_once_and_never_sent_torchs_bytes(
     import time
 
     from elastic.real.netstore import StoreServer
-    from elastic.real.torch_probe import answers_torch_ping, speaks_elastic_store
+    from elastic.real.torch_probe import answers_torch_ping, who_listens
     from elastic.rendezvous.c10d_rendezvous_backend import _torch_tcp_store_at
 
-    async def ask(token: str | None) -> tuple[bool, object, float]:
+    async def ask(token: str | None) -> tuple[str, object, float]:
         server = StoreServer("127.0.0.1", 0, token=token)
         await server.start()
         try:
             t0 = time.monotonic()
-            ours = await asyncio.to_thread(speaks_elastic_store, "127.0.0.1", server.port, 5.0)
+            ours = await asyncio.to_thread(who_listens, "127.0.0.1", server.port, 5.0)
             took = time.monotonic() - t0
             joined = await asyncio.to_thread(_torch_tcp_store_at, "127.0.0.1", server.port, None, 5)
             return ours, joined, took
@@ -186,22 +186,24 @@ def test_our_store_is_recognised_at_once_and_never_sent_torchs_bytes(
     caplog.set_level(logging.INFO, logger="elastic.real.netstore")
     for token in (None, "secret"):
         ours, joined, took = asyncio.run(ask(token))
-        assert ours is True and took < 2.0, took
+        assert ours == "elastic" and took < 2.0, took
         assert joined is None  # not torch's: the project's own client will join it
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     # nothing listening: both answers at once
     free = get_free_port()
     t0 = time.monotonic()
-    assert speaks_elastic_store("127.0.0.1", free, 5.0) is False
+    assert who_listens("127.0.0.1", free, 5.0) == "none"
     assert answers_torch_ping("127.0.0.1", free, 5.0) is False
     assert time.monotonic() - t0 < 2.0
 
 
 @pytest.mark.timeout(60)
-def test_a_torch_tcpstore_does_not_pass_for_ours_and_answers_torchs_ping() -> None:
+@pytest.mark.parametrize("libuv", [True, False])
+def test_a_torch_tcpstore_does_not_pass_for_ours_and_answers_torchs_ping(libuv: bool) -> None:
     dist = pytest.importorskip("torch.distributed")
-    from elastic.real.torch_probe import answers_torch_ping, speaks_elastic_store
+    from elastic.real.torch_probe import answers_torch_ping, who_listens
 
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    assert speaks_elastic_store("127.0.0.1", server.port, 0.5) is False  # silent to it
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=libuv)
+    # silent to our hello (libuv), or hangs up on it (the older backend)
+    assert who_listens("127.0.0.1", server.port, 0.5) == "other"
     assert answers_torch_ping("127.0.0.1", server.port, 5.0) is True

@@ -255,10 +255,11 @@ def _torch_tcp_store_at(host: str, port: int, is_host: bool | None, read_timeout
     dist = sys.modules.get("torch.distributed")
     if is_host or dist is None or not hasattr(dist, "TCPStore"):
         return None
-    from elastic.real.torch_probe import answers_torch_ping, speaks_elastic_store
+    from elastic.real.torch_probe import answers_torch_ping, who_listens
 
-    # ours first (a second at most: a torch server stays silent to it), then torch's
-    if speaks_elastic_store(host, port, min(float(read_timeout), 1.0)):
+    # ours first (a second at most: a torch server stays silent to it), then torch's, and
+    # only where a program took the connection
+    if who_listens(host, port, min(float(read_timeout), 1.0)) != "other":
         return None
     if not answers_torch_ping(host, port, min(float(read_timeout), 10.0)):
         return None
